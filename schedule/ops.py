@@ -1,0 +1,130 @@
+"""Per-opcode static facts used by the validator, the cost model and the loader: which element ranges of which
+buffers a task reads and writes, and how many HBM bytes / flops it costs.
+
+Regions are half-open element ranges ``[lo, hi)`` of the flattened buffer. Accesses whose place depends on the
+run-time position (the KV-cache slot) are widened to everything they could touch, so the race check is sound.
+The CPU semantics of each opcode live in ``vm/reference_vm.py``; the opcode table in ``vm/abi.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vm.abi import OPCODES, QKV_MODE_Q, QKV_MODE_V
+
+
+@dataclass(frozen=True)
+class Access:
+    buffer: int
+    lo: int
+    hi: int
+    write: bool
+    slot: str
+
+
+def slot_map(task) -> dict[str, int]:
+    """{slot name: buffer id} for a task (inputs by the opcode's slot order, then outputs)."""
+    spec = OPCODES[task.op]
+    names = spec.input_slots(task.params) + list(spec.outputs)
+    ids = list(task.inputs) + list(task.outputs)
+    return dict(zip(names, ids))
+
+
+def _p(task, name: str) -> int:
+    return int(task.params[name])
+
+
+def accesses(task, numel) -> list[Access]:
+    """Every buffer access of ``task``. ``numel(buffer_id)`` gives a buffer's element count."""
+    s = slot_map(task)
+    op = task.op
+    out: list[Access] = []
+
+    def whole(slot, write=False):
+        b = s[slot]
+        out.append(Access(b, 0, numel(b), write, slot))
+
+    def rng(slot, lo, hi, write=False):
+        out.append(Access(s[slot], lo, hi, write, slot))
+
+    if op == "EMBED":
+        c0, cn, H = _p(task, "col_start"), _p(task, "col_count"), _p(task, "hidden")
+        whole("table"); whole("token"); rng("x", c0, c0 + cn, True)
+    elif op == "RMSNORM":
+        whole("x"); whole("w"); whole("y", True)
+    elif op in ("GEMV", "GEMV_SILU_MUL"):
+        r0, rn, K = _p(task, "row_start"), _p(task, "row_count"), _p(task, "k")
+        whole("x")
+        for w in ("w", "w_gate", "w_up"):
+            if w in s:
+                rng(w, r0 * K, (r0 + rn) * K)
+        if "norm_w" in s:
+            whole("norm_w")
+        if "bias" in s:
+            rng("bias", r0, r0 + rn)
+        if "residual" in s:
+            rng("residual", r0, r0 + rn)
+        rng("y" if op == "GEMV" else "h", r0, r0 + rn, True)
+    elif op == "QKV_ROPE":
+        h0, hn, hd, K = _p(task, "head_start"), _p(task, "head_count"), _p(task, "head_dim"), _p(task, "k")
+        mode, S = _p(task, "mode"), _p(task, "max_seq")
+        whole("x"); whole("pos"); whole("inv_freq")
+        rng("w", h0 * hd * K, (h0 + hn) * hd * K)
+        for opt in ("norm_w", "qk_norm_w"):
+            if opt in s:
+                whole(opt)
+        if "bias" in s:
+            rng("bias", h0 * hd, (h0 + hn) * hd)
+        if mode == QKV_MODE_Q:
+            rng("dst", h0 * hd, (h0 + hn) * hd, True)
+        else:  # cache [n_kv, S, hd]: the slot is pos, known only at run time -> the heads' whole slices
+            rng("dst", h0 * S * hd, (h0 + hn) * S * hd, True)
+    elif op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+        g, G, hd, S = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim"), _p(task, "max_seq")
+        rng("q", g * G * hd, (g + 1) * G * hd)
+        rng("k_cache", g * S * hd, (g + 1) * S * hd)
+        rng("v_cache", g * S * hd, (g + 1) * S * hd)
+        whole("pos")
+        if op == "ATTN_DECODE":
+            rng("out", g * G * hd, (g + 1) * G * hd, True)
+        else:
+            ns, sp = _p(task, "n_splits"), _p(task, "split")
+            row = G * (hd + 2)
+            base = (g * ns + sp) * row
+            rng("partial", base, base + row, True)
+    elif op == "ATTN_MERGE":
+        g, G, hd, ns = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim"), _p(task, "n_splits")
+        row = G * (hd + 2)
+        rng("partial", g * ns * row, (g + 1) * ns * row)
+        rng("out", g * G * hd, (g + 1) * G * hd, True)
+    elif op == "ADD":
+        a, n = _p(task, "start"), _p(task, "count")
+        rng("a", a, a + n); rng("b", a, a + n); rng("y", a, a + n, True)
+    elif op == "ARGMAX":
+        rng("logits", 0, _p(task, "n")); whole("token", True)
+    else:
+        raise KeyError(f"no access rule for opcode {op}")
+    return out
+
+
+def weight_ranges(task, numel) -> list[Access]:
+    """The read accesses of WEIGHT-like slots (streamed, prefetchable)."""
+    return [a for a in accesses(task, numel) if not a.write and a.slot in ("w", "w_gate", "w_up", "table")]
+
+
+def estimate(task, numel, itemsize) -> tuple[int, int]:
+    """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context) + small vectors."""
+    byts = 0
+    for a in accesses(task, numel):
+        byts += (a.hi - a.lo) * itemsize(a.buffer)
+    flops = 0
+    if task.op in ("GEMV", "GEMV_SILU_MUL"):
+        m = 2 if task.op == "GEMV_SILU_MUL" else 1
+        flops = 2 * m * _p(task, "row_count") * _p(task, "k")
+    elif task.op == "QKV_ROPE":
+        flops = 2 * _p(task, "head_count") * _p(task, "head_dim") * _p(task, "k")
+    elif task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+        flops = 4 * _p(task, "group") * _p(task, "head_dim") * _p(task, "max_seq")
+    return byts, flops
+
+
+__all__ = ["Access", "accesses", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]

@@ -1,0 +1,205 @@
+"""The VM's ABI: opcodes, their buffer/param slots, and the POD structs -- the one source of truth.
+
+Everything that both Python and CUDA must agree on is defined here, once:
+
+* ``OPCODES``: every opcode's number, its buffer slots (inputs then outputs, optional ones named) and its
+  integer / float parameter names. Parameter *slot indices* come from the order in these tables.
+* ``INSTR_DTYPE`` / ``BUFDESC_DTYPE``: numpy structured dtypes of the POD structs the loader packs.
+* ``render_header()``: generates ``vm/csrc/amk_abi.h`` (C structs with ``static_assert`` on sizeof/offsetof,
+  opcode enum, slot constants). ``python -m vm.abi`` rewrites the file; a test checks the committed header
+  matches, and the built extension reports sizeof/offsetof at load so the loader refuses a drifted build.
+
+Semantics of each opcode live in ``vm/reference_vm.py`` (the living spec); CUDA mirrors them in ``vm/csrc/*.cuh``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+ABI_VERSION = 1
+
+# Caps of the fixed-size instruction POD.
+MAX_WAITS = 4
+MAX_BUFS = 8
+MAX_IPARAMS = 12
+MAX_FPARAMS = 4
+
+# Buffer dtype codes shared by the IR, the loader and the device code.
+DTYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4}
+
+# Status words written by the kernel (``status`` array, int32).
+STATUS_FIELDS = ("code", "task", "opcode", "detail", "sm")
+STATUS_OK, STATUS_BAD_OPCODE, STATUS_TIMEOUT, STATUS_BAD_INPUT = 0, 1, 2, 3
+STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIMEOUT: "wait timeout",
+                STATUS_BAD_INPUT: "bad input"}
+
+# QKV_ROPE modes
+QKV_MODE_Q, QKV_MODE_K, QKV_MODE_V = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One opcode: number, buffer slots and parameter names.
+
+    ``inputs``: required input slots, in order. ``optional_inputs``: (slot name, flag iparam) pairs appended after
+    the required ones, present iff the flag param is non-zero, in this order. ``outputs``: output slots.
+    """
+    name: str
+    code: int
+    family: str  # InstructionKind value
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    iparams: tuple[str, ...]
+    fparams: tuple[str, ...] = ()
+    optional_inputs: tuple[tuple[str, str], ...] = ()
+
+    def input_slots(self, iparams: dict) -> list[str]:
+        """The input slot names a task with these params carries, in order."""
+        return list(self.inputs) + [n for n, flag in self.optional_inputs if int(iparams.get(flag, 0))]
+
+    @property
+    def max_inputs(self) -> int:
+        return len(self.inputs) + len(self.optional_inputs)
+
+
+_OPS = [
+    # x[col_start:col_start+col_count] = table[token[0], same cols]
+    OpSpec("EMBED", 1, "embed", ("table", "token"), ("x",), ("col_start", "col_count", "vocab", "hidden")),
+    # y = x * rsqrt(mean(x^2) + eps) * w
+    OpSpec("RMSNORM", 2, "norm", ("x", "w"), ("y",), ("n",), ("eps",)),
+    # y[r] = residual[r] + bias[r] + W[r,:] . f(x),  f = rmsnorm(.)*norm_w if has_norm else identity
+    OpSpec("GEMV", 3, "gemv", ("x", "w"), ("y",),
+           ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual"), ("eps",),
+           (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual"))),
+    # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
+    OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),
+           ("row_start", "row_count", "k", "n", "has_norm"), ("eps",), (("norm_w", "has_norm"),)),
+    # per-head projection tile + bias + QK-norm + RoPE; mode Q writes q[head], K/V append to cache[head, pos]
+    OpSpec("QKV_ROPE", 5, "gemv", ("x", "w", "pos", "inv_freq"), ("dst",),
+           ("mode", "head_start", "head_count", "head_dim", "k", "n_heads", "max_seq",
+            "has_norm", "has_bias", "has_qknorm"), ("eps", "qk_eps"),
+           (("norm_w", "has_norm"), ("bias", "has_bias"), ("qk_norm_w", "has_qknorm"))),
+    # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]
+    OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),
+           ("kv_head", "group", "head_dim", "max_seq", "window"), ("scale",)),
+    # split-KV partial: unnormalized (m, l, o[hd]) of one split of the positions
+    OpSpec("ATTN_PARTIAL", 7, "attention", ("q", "k_cache", "v_cache", "pos"), ("partial",),
+           ("kv_head", "group", "head_dim", "max_seq", "window", "split", "n_splits"), ("scale",)),
+    # online-softmax merge of the n_splits partials of one kv head
+    OpSpec("ATTN_MERGE", 8, "attention", ("partial",), ("out",), ("kv_head", "group", "head_dim", "n_splits")),
+    # y[start:start+count] = a + b
+    OpSpec("ADD", 9, "elementwise", ("a", "b"), ("y",), ("start", "count")),
+    # token[0] = argmax(logits[0:n]) (first index on ties)
+    OpSpec("ARGMAX", 10, "reduce", ("logits",), ("token",), ("n",)),
+]
+OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
+OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}
+assert len(OPCODE_BY_CODE) == len(_OPS), "duplicate opcode numbers"
+for _op in _OPS:
+    assert len(_op.iparams) <= MAX_IPARAMS and len(_op.fparams) <= MAX_FPARAMS, _op.name
+    assert _op.max_inputs + len(_op.outputs) <= MAX_BUFS, _op.name
+
+# ---------------------------------------------------------------------------------------------------------------
+# POD structs. Field order and types here ARE the layout; the header is generated from these.
+# ---------------------------------------------------------------------------------------------------------------
+_INSTR_FIELDS = [
+    ("op", "i4", 1), ("out_counter", "i4", 1), ("n_waits", "i4", 1), ("n_bufs", "i4", 1),
+    ("wait_counter", "i4", MAX_WAITS), ("wait_threshold", "i4", MAX_WAITS),
+    ("buf", "i4", MAX_BUFS), ("ip", "i4", MAX_IPARAMS), ("fp", "f4", MAX_FPARAMS),
+    ("task_id", "i4", 1), ("pad0", "i4", 1),
+    ("prefetch_ptr", "u8", 1), ("prefetch_bytes", "i8", 1),
+]
+_BUFDESC_FIELDS = [("ptr", "u8", 1), ("numel", "i8", 1), ("dtype", "i4", 1), ("kind", "i4", 1)]
+_CTYPES = {"i4": "int32_t", "u4": "uint32_t", "f4": "float", "u8": "uint64_t", "i8": "int64_t"}
+
+
+def _np_dtype(fields) -> np.dtype:
+    return np.dtype([(n, t, (c,)) if c > 1 else (n, t) for n, t, c in fields], align=True)
+
+
+INSTR_DTYPE = _np_dtype(_INSTR_FIELDS)
+BUFDESC_DTYPE = _np_dtype(_BUFDESC_FIELDS)
+STRUCTS = {"AmkInstr": (INSTR_DTYPE, _INSTR_FIELDS), "AmkBufDesc": (BUFDESC_DTYPE, _BUFDESC_FIELDS)}
+
+
+def layout_table() -> dict[str, dict[str, int]]:
+    """{struct: {"sizeof": n, field: offset, ...}} -- compared with what the built extension reports."""
+    out = {}
+    for sname, (dt, fields) in STRUCTS.items():
+        d = {"sizeof": dt.itemsize}
+        d.update({n: dt.fields[n][1] for n, _, _ in fields})
+        out[sname] = d
+    return out
+
+
+def iparam_slot(op: str, name: str) -> int:
+    return OPCODES[op].iparams.index(name)
+
+
+def fparam_slot(op: str, name: str) -> int:
+    return OPCODES[op].fparams.index(name)
+
+
+def render_header() -> str:
+    """The C header text: structs + static_asserts + opcode enum + param/buffer slot constants."""
+    L = ["// GENERATED by `python -m vm.abi` from vm/abi.py -- do not edit by hand.",
+         "#pragma once", "#include <stdint.h>", "#include <stddef.h>", "",
+         f"#define AMK_ABI_VERSION {ABI_VERSION}", f"#define AMK_MAX_WAITS {MAX_WAITS}",
+         f"#define AMK_MAX_BUFS {MAX_BUFS}", f"#define AMK_MAX_IPARAMS {MAX_IPARAMS}",
+         f"#define AMK_MAX_FPARAMS {MAX_FPARAMS}", ""]
+    for k, v in DTYPE_CODES.items():
+        L.append(f"#define AMK_DTYPE_{k.upper()} {v}")
+    L.append("")
+    for i, f in enumerate(STATUS_FIELDS):
+        L.append(f"#define AMK_STATUS_{f.upper()} {i}")
+    L.append(f"#define AMK_STATUS_WORDS {len(STATUS_FIELDS)}")
+    for code, nm in ((STATUS_BAD_OPCODE, "BAD_OPCODE"), (STATUS_TIMEOUT, "TIMEOUT"), (STATUS_BAD_INPUT, "BAD_INPUT")):
+        L.append(f"#define AMK_ERR_{nm} {code}")
+    L += ["", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
+          f"#define AMK_QKV_MODE_V {QKV_MODE_V}", ""]
+    for op in _OPS:
+        L.append(f"#define AMK_OP_{op.name} {op.code}")
+    L.append("")
+    for op in _OPS:
+        for i, p in enumerate(op.iparams):
+            L.append(f"#define AMK_{op.name}_IP_{p.upper()} {i}")
+        for i, p in enumerate(op.fparams):
+            L.append(f"#define AMK_{op.name}_FP_{p.upper()} {i}")
+        for i, b in enumerate(op.inputs):
+            L.append(f"#define AMK_{op.name}_IN_{b.upper()} {i}")
+        L.append(f"#define AMK_{op.name}_N_REQUIRED_IN {len(op.inputs)}")
+        L.append("")
+    for sname, (dt, fields) in STRUCTS.items():
+        L.append(f"typedef struct {sname} {{")
+        for n, t, c in fields:
+            L.append(f"  {_CTYPES[t]} {n}{f'[{c}]' if c > 1 else ''};")
+        L.append(f"}} {sname};")
+        L.append(f"static_assert(sizeof({sname}) == {dt.itemsize}, \"{sname} size drifted from vm/abi.py\");")
+        for n, _, _ in fields:
+            L.append(f"static_assert(offsetof({sname}, {n}) == {dt.fields[n][1]}, "
+                     f"\"{sname}.{n} offset drifted from vm/abi.py\");")
+        L.append("")
+    # A table the extension exports so the loader can compare layouts at load time.
+    L.append("#define AMK_LAYOUT_ENTRIES(X) \\")
+    rows = []
+    for sname, (dt, fields) in STRUCTS.items():
+        rows.append(f"  X({sname}, sizeof, sizeof({sname}))")
+        rows += [f"  X({sname}, {n}, offsetof({sname}, {n}))" for n, _, _ in fields]
+    L.append(" \\\n".join(rows))
+    L.append("")
+    return "\n".join(L)
+
+
+HEADER_PATH = pathlib.Path(__file__).parent / "csrc" / "amk_abi.h"
+
+
+def write_header(path: pathlib.Path = HEADER_PATH) -> None:
+    path.write_text(render_header())
+
+
+if __name__ == "__main__":
+    write_header()
+    print(f"wrote {HEADER_PATH}")

@@ -1,0 +1,278 @@
+"""The CPU reference VM: executes a MegakernelProgram's task tables in fp32, the living spec of every opcode.
+
+* ``REFERENCE[op](vm, task)`` is the semantics of opcode ``op`` (one function per opcode, in one dict).
+* Tasks fire in a seeded **random legal order**: at each step a random SM whose queue head has all its waits
+  satisfied runs that task (exactly what the GPU may do). No runnable head with work left = deadlock -> error.
+* Activation and output buffers are poisoned with NaN before each step, so a missing dependency shows up as NaN.
+* The KV cache persists across steps; weights are kept in their own dtype and upcast per tile (like the GPU),
+  K/V are rounded to the cache dtype when appended (like the GPU).
+
+Usage::
+
+    vm = ReferenceVM(program, weights)          # weights: {state-dict key: tensor}
+    logits = vm.step(token_id, pos)             # one decode step -> fp32 [vocab]
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from schedule.ir import BufferKind, DType, MegakernelProgram, validate
+from schedule.ops import slot_map
+from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
+
+TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16,
+                DType.I32: torch.int32}
+
+
+class VMError(RuntimeError):
+    """A program the VM cannot run (deadlock, bad input, missing weight)."""
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [K] fp32, w: [K] any dtype -> fp32
+    return x * torch.rsqrt(x.pow(2).mean() + eps) * w.float()
+
+
+def _gemv_input(vm, task, s) -> torch.Tensor:
+    x = vm.buf(s["x"])
+    if task.params.get("has_norm"):
+        x = _rmsnorm(x, vm.buf(s["norm_w"]), float(task.params["eps"]))
+    return x
+
+
+def op_embed(vm, t):
+    s = slot_map(t)
+    tok = int(vm.buf(s["token"])[0])
+    V = int(t.params["vocab"])
+    if not 0 <= tok < V:
+        raise VMError(f"task {t.id} EMBED: token id {tok} outside [0, {V})")
+    c0, cn = int(t.params["col_start"]), int(t.params["col_count"])
+    vm.buf(s["x"])[c0:c0 + cn] = vm.buf(s["table"])[tok, c0:c0 + cn].float()
+
+
+def op_rmsnorm(vm, t):
+    s = slot_map(t)
+    vm.buf(s["y"])[:] = _rmsnorm(vm.buf(s["x"]), vm.buf(s["w"]), float(t.params["eps"]))
+
+
+def op_gemv(vm, t):
+    s = slot_map(t)
+    r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
+    x = _gemv_input(vm, t, s)
+    y = vm.buf(s["w"])[r0:r0 + rn].float() @ x                   # [rn, K] @ [K]
+    if t.params.get("has_bias"):
+        y = y + vm.buf(s["bias"])[r0:r0 + rn].float()
+    if t.params.get("has_residual"):
+        y = y + vm.buf(s["residual"])[r0:r0 + rn]
+    vm.buf(s["y"])[r0:r0 + rn] = y
+
+
+def op_gemv_silu_mul(vm, t):
+    s = slot_map(t)
+    r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
+    x = _gemv_input(vm, t, s)
+    g = vm.buf(s["w_gate"])[r0:r0 + rn].float() @ x
+    u = vm.buf(s["w_up"])[r0:r0 + rn].float() @ x
+    vm.buf(s["h"])[r0:r0 + rn] = torch.nn.functional.silu(g) * u
+
+
+def _rope(x: torch.Tensor, pos: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    # x: [hn, hd]; rotate-half convention (HF Llama): pairs (i, i + hd/2)
+    ang = float(pos) * inv_freq                                   # [hd/2], fp32
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    half = x.shape[-1] // 2
+    x1, x2 = x[:, :half], x[:, half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def op_qkv_rope(vm, t):
+    s = slot_map(t)
+    p = t.params
+    h0, hn, hd, mode = int(p["head_start"]), int(p["head_count"]), int(p["head_dim"]), int(p["mode"])
+    pos = int(vm.buf(s["pos"])[0])
+    S = int(p["max_seq"])
+    if not 0 <= pos < S:
+        raise VMError(f"task {t.id} QKV_ROPE: position {pos} outside the KV cache [0, {S})")
+    x = _gemv_input(vm, t, s)
+    y = vm.buf(s["w"])[h0 * hd:(h0 + hn) * hd].float() @ x        # [hn*hd]
+    if p.get("has_bias"):
+        y = y + vm.buf(s["bias"])[h0 * hd:(h0 + hn) * hd].float()
+    y = y.view(hn, hd)
+    if mode != QKV_MODE_V:
+        if p.get("has_qknorm"):
+            w = vm.buf(s["qk_norm_w"]).float()
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + float(p["qk_eps"])) * w
+        y = _rope(y, pos, vm.buf(s["inv_freq"]))
+    dst = vm.buf(s["dst"])
+    if mode == QKV_MODE_Q:
+        dst[h0 * hd:(h0 + hn) * hd] = y.reshape(-1)
+    elif mode in (QKV_MODE_K, QKV_MODE_V):
+        dst[h0:h0 + hn, pos, :] = y.to(dst.dtype)                 # cache: [n_kv, S, hd]
+    else:
+        raise VMError(f"task {t.id} QKV_ROPE: bad mode {mode}")
+
+
+def _attn_range(vm, t, s) -> tuple[int, int]:
+    L = int(vm.buf(s["pos"])[0]) + 1
+    w = int(t.params.get("window", 0))
+    return (max(0, L - w) if w > 0 else 0), L
+
+
+def _attn_scores(vm, t, s, lo, hi):
+    p = t.params
+    g, G, hd = int(p["kv_head"]), int(p["group"]), int(p["head_dim"])
+    q = vm.buf(s["q"])[g * G * hd:(g + 1) * G * hd].view(G, hd)
+    k = vm.buf(s["k_cache"])[g, lo:hi].float()                    # [n, hd]
+    v = vm.buf(s["v_cache"])[g, lo:hi].float()
+    return (q @ k.T) * float(p["scale"]), v                        # [G, n], [n, hd]
+
+
+def op_attn_decode(vm, t):
+    s = slot_map(t)
+    g, G, hd = int(t.params["kv_head"]), int(t.params["group"]), int(t.params["head_dim"])
+    lo, hi = _attn_range(vm, t, s)
+    sc, v = _attn_scores(vm, t, s, lo, hi)
+    vm.buf(s["out"])[g * G * hd:(g + 1) * G * hd] = (torch.softmax(sc, -1) @ v).reshape(-1)
+
+
+def op_attn_partial(vm, t):
+    s = slot_map(t)
+    p = t.params
+    g, G, hd, ns, sp = (int(p[k]) for k in ("kv_head", "group", "head_dim", "n_splits", "split"))
+    lo, hi = _attn_range(vm, t, s)
+    n = hi - lo
+    a, b = lo + (n * sp) // ns, lo + (n * (sp + 1)) // ns
+    part = vm.buf(s["partial"]).view(-1, ns, G, hd + 2)[g, sp]    # [G, hd+2] = (m, l, o[hd])
+    if b <= a:
+        part[:, 0], part[:, 1], part[:, 2:] = -math.inf, 0.0, 0.0
+        return
+    sc, v = _attn_scores(vm, t, s, a, b)
+    m = sc.max(-1).values
+    e = torch.exp(sc - m[:, None])
+    part[:, 0], part[:, 1], part[:, 2:] = m, e.sum(-1), e @ v
+
+
+def op_attn_merge(vm, t):
+    s = slot_map(t)
+    g, G, hd, ns = (int(t.params[k]) for k in ("kv_head", "group", "head_dim", "n_splits"))
+    parts = vm.buf(s["partial"]).view(-1, ns, G, hd + 2)[g]      # [ns, G, hd+2]
+    m = parts[:, :, 0].max(0).values                              # [G]
+    scale = torch.exp(parts[:, :, 0] - m[None])                    # [ns, G]; exp(-inf) = 0 for empty splits
+    l = (parts[:, :, 1] * scale).sum(0)
+    o = (parts[:, :, 2:] * scale[:, :, None]).sum(0)
+    vm.buf(s["out"])[g * G * hd:(g + 1) * G * hd] = (o / l[:, None]).reshape(-1)
+
+
+def op_add(vm, t):
+    s = slot_map(t)
+    a, n = int(t.params["start"]), int(t.params["count"])
+    vm.buf(s["y"])[a:a + n] = vm.buf(s["a"])[a:a + n] + vm.buf(s["b"])[a:a + n]
+
+
+def op_argmax(vm, t):
+    s = slot_map(t)
+    n = int(t.params["n"])
+    vm.buf(s["token"])[0] = int(torch.argmax(vm.buf(s["logits"])[:n]))
+
+
+REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
+             "QKV_ROPE": op_qkv_rope, "ATTN_DECODE": op_attn_decode, "ATTN_PARTIAL": op_attn_partial,
+             "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax}
+assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
+
+
+class ReferenceVM:
+    """Runs a program on CPU. ``check=True`` refuses programs ``validate()`` rejects."""
+
+    def __init__(self, program: MegakernelProgram, weights: dict[str, torch.Tensor], seed: int = 0,
+                 check: bool = True, order: str = "random"):
+        if check:
+            res = validate(program)
+            if not res.ok:
+                raise VMError("program rejected by validate():\n" + res.report())
+        self.program = program
+        self.rng = random.Random(seed)
+        self.order = order
+        self.mem: dict[int, torch.Tensor] = {}
+        self.trace: list[int] = []
+        for b in program.buffers:
+            self.mem[b.id] = self._materialize(b, weights)
+        self._io = {b.name: b.id for b in program.buffers if b.kind in (BufferKind.IO_INPUT, BufferKind.IO_OUTPUT)}
+
+    def _materialize(self, b, weights) -> torch.Tensor:
+        if b.kind == BufferKind.WEIGHT:
+            if b.source not in weights:
+                raise VMError(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
+            w = weights[b.source]
+            if tuple(w.shape) != tuple(b.shape):
+                raise VMError(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape {tuple(w.shape)}, "
+                              f"program expects {tuple(b.shape)}")
+            return w.to(TORCH_DTYPES[b.dtype])
+        if b.kind == BufferKind.CONST:
+            return torch.tensor(b.data, dtype=TORCH_DTYPES[b.dtype]).view(b.shape)
+        if b.kind == BufferKind.KV_CACHE:
+            return torch.zeros(b.shape, dtype=TORCH_DTYPES[b.dtype])
+        # Activations are always fp32 on the VM; ints stay ints.
+        dt = torch.int32 if b.dtype == DType.I32 else torch.float32
+        return torch.zeros(b.numel, dtype=dt)
+
+    def buf(self, bid: int) -> torch.Tensor:
+        return self.mem[bid]
+
+    def io(self, name: str) -> torch.Tensor:
+        return self.mem[self._io[name]]
+
+    def _poison(self) -> None:
+        for b in self.program.buffers:
+            if b.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT):
+                t = self.mem[b.id]
+                t.fill_(-(2**31) if t.dtype == torch.int32 else float("nan"))
+
+    def run(self) -> None:
+        """Run every task once, in a random legal order (or queue-major if order='sequential')."""
+        prog = self.program
+        counters = [0] * len(prog.counters)
+        heads = [0] * len(prog.queues)
+        live = [sm for sm, q in enumerate(prog.queues) if q]
+        self.trace = []
+        remaining = sum(len(q) for q in prog.queues)
+        while remaining:
+            ready = []
+            for sm in live:
+                t = prog.tasks[prog.queues[sm][heads[sm]]]
+                if all(counters[w.counter] >= w.threshold for w in t.waits):
+                    ready.append(sm)
+                    if self.order == "sequential":
+                        break
+            if not ready:
+                stuck = [(sm, prog.queues[sm][heads[sm]]) for sm in live][:4]
+                raise VMError(f"deadlock: {remaining} task(s) left, no queue head runnable; e.g. "
+                              + ", ".join(f"SM {sm} task {tid} ({prog.tasks[tid].op}) waits "
+                                          f"{[(w.counter, w.threshold, counters[w.counter]) for w in prog.tasks[tid].waits]}"
+                                          for sm, tid in stuck))
+            sm = ready[0] if self.order == "sequential" else self.rng.choice(ready)
+            t = prog.tasks[prog.queues[sm][heads[sm]]]
+            REFERENCE[t.op](self, t)
+            self.trace.append(t.id)
+            if t.out_counter >= 0:
+                counters[t.out_counter] += 1
+            heads[sm] += 1
+            remaining -= 1
+            if heads[sm] == len(prog.queues[sm]):
+                live.remove(sm)
+
+    def step(self, token: int, pos: int) -> torch.Tensor:
+        """One decode step: token at position pos -> logits (fp32, [vocab]). Also sets io('next_token')."""
+        self._poison()
+        self.io("token")[0] = int(token)
+        self.io("pos")[0] = int(pos)
+        self.run()
+        return self.io("logits").clone()
+
+    def reset(self) -> None:
+        for b in self.program.buffers:
+            if b.kind == BufferKind.KV_CACHE:
+                self.mem[b.id].zero_()
