@@ -115,7 +115,12 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context) + small vectors."""
     byts = 0
     for a in accesses(task, numel):
-        byts += (a.hi - a.lo) * itemsize(a.buffer)
+        n = a.hi - a.lo
+        if task.op == "QKV_ROPE" and a.slot == "dst" and _p(task, "mode") != QKV_MODE_Q:
+            n = _p(task, "head_count") * _p(task, "head_dim")   # one cache row per head, not the widened slice
+        elif task.op == "EMBED" and a.slot == "table":
+            n = _p(task, "col_count")                          # one row of the table, not all of it
+        byts += n * itemsize(a.buffer)
     flops = 0
     if task.op in ("GEMV", "GEMV_SILU_MUL"):
         m = 2 if task.op == "GEMV_SILU_MUL" else 1

@@ -1,0 +1,76 @@
+"""Logit / token equivalence against references outside the code under test (HF transformers eager).
+
+Tolerances are dtype-aware: ``|out - ref| <= atol + rtol * max|ref|`` (a normwise bound over the logit vector),
+plus top-1 agreement. ``max_rel_err`` is ``max|out - ref| / max|ref|``.
+"""
+from __future__ import annotations
+
+import torch
+
+# (rtol, atol) per compute dtype of the program's weights / KV cache.
+TOLERANCES = {"f32": (1e-5, 1e-6), "bf16": (2e-2, 1e-3), "f16": (5e-3, 1e-4)}
+
+
+def compare_logits(out: torch.Tensor, ref: torch.Tensor, dtype: str = "f32", rtol: float | None = None) -> dict:
+    """Compare one logit vector with its reference."""
+    out, ref = out.detach().double().cpu().reshape(-1), ref.detach().double().cpu().reshape(-1)
+    if out.shape != ref.shape:
+        raise ValueError(f"logit shapes differ: {tuple(out.shape)} vs {tuple(ref.shape)}")
+    rt, at = TOLERANCES[dtype]
+    rt = rtol if rtol is not None else rt
+    finite = bool(torch.isfinite(out).all())
+    diff = (out - ref).abs()
+    scale = float(ref.abs().max())
+    max_abs = float(diff.max()) if finite else float("inf")
+    return {"max_abs_err": max_abs, "max_rel_err": max_abs / max(scale, 1e-30),
+            "top1_agree": bool(int(out.argmax()) == int(ref.argmax())) if finite else False,
+            "passed": finite and max_abs <= at + rt * scale}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Aggregate per-step comparisons: worst errors, top-1 agreement rate, all passed."""
+    return {"steps": len(rows), "max_abs_err": max(r["max_abs_err"] for r in rows),
+            "max_rel_err": max(r["max_rel_err"] for r in rows),
+            "top1_agreement": sum(r["top1_agree"] for r in rows) / len(rows),
+            "passed": all(r["passed"] for r in rows)}
+
+
+def hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    """HF eager logits for every position of ``tokens`` in one forward: [T, vocab] fp32 on CPU."""
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        return model(torch.tensor([tokens], device=dev)).logits[0].float().cpu()
+
+
+def hf_greedy(model, prompt: list[int], n_new: int) -> list[int]:
+    """HF greedy continuation (KV-cached generate, no sampling): the n_new generated token ids."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=dev)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, min_new_tokens=n_new,
+                             do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+def verify_steps(step_fn, model, tokens: list[int], dtype: str) -> dict:
+    """Run ``step_fn(token, pos) -> logits`` over ``tokens`` and compare each step with HF eager logits."""
+    ref = hf_logits(model, tokens)
+    rows = [compare_logits(step_fn(t, i), ref[i], dtype) for i, t in enumerate(tokens)]
+    return summarize(rows)
+
+
+def greedy_decode(step_fn, prompt: list[int], n_new: int) -> list[int]:
+    """Greedy decode through a VM: prefill the prompt token by token, then feed back the argmax."""
+    logits = None
+    for i, t in enumerate(prompt):
+        logits = step_fn(t, i)
+    out = []
+    pos = len(prompt)
+    for _ in range(n_new):
+        nxt = int(torch.argmax(logits))
+        out.append(nxt)
+        if len(out) == n_new:
+            break
+        logits = step_fn(nxt, pos)
+        pos += 1
+    return out

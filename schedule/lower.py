@@ -1,0 +1,262 @@
+"""Lowering: ModelGraph + GpuTarget + ScheduleConfig -> MegakernelProgram (one decode step, batch 1).
+
+The step is a tiled task DAG with fine-grained counters (no whole-layer barriers):
+
+    EMBED -> x0
+    per layer l:   [RMSNORM]                    (only when fuse_norm=False)
+                   QKV_ROPE tiles per head      -> q_l, K/V cache append   counter qkv[l][kv_head]
+                   ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits -> ATTN_MERGE)   waits qkv[l][its head]
+                   GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False)
+                   GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
+                   GEMV down tiles + residual   -> x_{l+1}
+    LM head GEMV tiles (final norm fused) -> logits -> ARGMAX -> next_token
+
+Only the points where a whole vector is inherently needed (RMSNorm inputs, o_proj / down_proj inputs) wait on all
+producers; attention for KV head g starts when the QKV tiles of group g are done.
+Tasks are emitted in a topological order; each SM's queue keeps that order, so queues are linear extensions.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from flywheel.prior import KNOB_BY_NAME
+from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
+from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
+                         ScheduleConfig, Task, Wait)
+from schedule.ops import estimate
+from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
+
+DEFAULT_MAX_SEQ = 4096
+TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
+
+
+class _Builder:
+    def __init__(self, dtype: DType):
+        self.dtype = dtype
+        self.buffers: list[Buffer] = []
+        self.counters: list[Counter] = []
+        self.tasks: list[Task] = []
+        self.by_source: dict[str, int] = {}
+
+    def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
+        b = Buffer(len(self.buffers), name, kind, dtype, tuple(shape), source, space, data)
+        self.buffers.append(b)
+        return b.id
+
+    def weight(self, key: str, shape) -> int:
+        if key not in self.by_source:  # tied weights: one buffer per state-dict key
+            self.by_source[key] = self.buf(key, BufferKind.WEIGHT, self.dtype, shape, key, MemSpace.STREAM)
+        return self.by_source[key]
+
+    def act(self, name, n) -> int:
+        return self.buf(name, BufferKind.ACTIVATION, DType.F32, (n,))
+
+    def counter(self, name) -> int:
+        self.counters.append(Counter(len(self.counters), name))
+        return len(self.counters) - 1
+
+    def task(self, op, inputs, outputs, params, waits=(), out_counter=-1, label="") -> int:
+        t = Task(len(self.tasks), op, list(inputs), list(outputs), out_counter,
+                 [Wait(c, 0) for c in waits], dict(params), label=label)
+        self.tasks.append(t)
+        return t.id
+
+    def finalize_thresholds(self) -> None:
+        producers = [0] * len(self.counters)
+        for t in self.tasks:
+            if t.out_counter >= 0:
+                producers[t.out_counter] += 1
+        for t in self.tasks:
+            for w in t.waits:
+                w.threshold = producers[w.counter]
+
+
+def _tiles(n: int, size: int):
+    for s in range(0, n, size):
+        yield s, min(size, n - s)
+
+
+def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None):
+    for r0, rn in _tiles(n, rows):
+        ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
+        b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
+                                  "has_norm": int(norm_w is not None), "has_bias": 0,
+                                  "has_residual": int(residual is not None), "eps": eps},
+               [wait], out_c, f"{label}[{r0}:{r0 + rn}]")
+
+
+def _add(b: _Builder, a, r, y, n, rows, wait, out_c, label):
+    for s0, sn in _tiles(n, rows):
+        b.task("ADD", [a, r], [y], {"start": s0, "count": sn}, [wait], out_c, f"{label}[{s0}:{s0 + sn}]")
+
+
+def _norm_input(b, cfg, x, x_counter, norm_key, c, name):
+    """(input buffer, counter to wait on, fused norm weight or None) for a consumer of RMSNorm(x)."""
+    nw = b.weight(norm_key, (c.hidden,))
+    if cfg.fuse_norm:
+        return x, x_counter, nw
+    xn = b.act(name, c.hidden)
+    cn = b.counter(name)
+    b.task("RMSNORM", [x, nw], [xn], {"n": c.hidden, "eps": c.rms_eps}, [x_counter], cn, name)
+    return xn, cn, None
+
+
+def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label):
+    """y = resid + W x, fused into the tile or as GEMV + ADD tasks."""
+    if cfg.fuse_residual:
+        _gemv(b, x, w, y, n, k, cfg.gemv_rows, wait, out_c, label, residual=resid)
+    else:
+        tmp, ct = b.act(label + "_tmp", n), b.counter(label + "_tmp")
+        _gemv(b, x, w, tmp, n, k, cfg.gemv_rows, wait, ct, label)
+        _add(b, tmp, resid, y, n, cfg.gemv_rows, ct, out_c, label + "_add")
+
+
+def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int):
+    c = g.config
+    H, hd, G, nkv = c.hidden, c.head_dim, c.group, c.n_kv_heads
+    p = f"model.layers.{l}."
+    xin, cin, nw = _norm_input(b, cfg, x, cx, p + "input_layernorm.weight", c, f"xn_attn{l}")
+    q = b.act(f"q{l}", c.n_heads * hd)
+    kc = b.buf(f"k_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
+    vc = b.buf(f"v_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
+    attn = b.act(f"attn{l}", c.n_heads * hd)
+    wq = b.weight(p + "self_attn.q_proj.weight", (c.n_heads * hd, H))
+    wk = b.weight(p + "self_attn.k_proj.weight", (nkv * hd, H))
+    wv = b.weight(p + "self_attn.v_proj.weight", (nkv * hd, H))
+    bias = {m: b.weight(p + f"self_attn.{m}_proj.bias", ((c.n_heads if m == "q" else nkv) * hd,))
+            for m in "qkv"} if c.attn_bias else {}
+    qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
+    c_attn = b.counter(f"attn{l}")
+    splits = min(cfg.attn_splits, S)
+    partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
+    scale = hd ** -0.5
+    window = int(c.sliding_window or 0)
+    for kvh in range(nkv):
+        c_qkv = b.counter(f"qkv{l}.g{kvh}")
+        jobs = [(QKV_MODE_Q, "q", wq, q, h0, hn, c.n_heads)
+                for h0, hn in ((kvh * G + s, n) for s, n in _tiles(G, cfg.qkv_heads))]
+        jobs += [(QKV_MODE_K, "k", wk, kc, kvh, 1, nkv), (QKV_MODE_V, "v", wv, vc, kvh, 1, nkv)]
+        for mode, m, w, dst, h0, hn, nh in jobs:
+            ins = [xin, w, io["pos"], io["inv_freq"]]
+            ins += ([nw] if nw is not None else []) + ([bias[m]] if bias else [])
+            has_qkn = bool(qkn) and m != "v"
+            ins += [qkn[m]] if has_qkn else []
+            b.task("QKV_ROPE", ins, [dst],
+                   {"mode": mode, "head_start": h0, "head_count": hn, "head_dim": hd, "k": H, "n_heads": nh,
+                    "max_seq": S, "has_norm": int(nw is not None), "has_bias": int(bool(bias)),
+                    "has_qknorm": int(has_qkn), "eps": c.rms_eps, "qk_eps": c.rms_eps},
+                   [cin], c_qkv, f"L{l}.{m}[{h0}:{h0 + hn}]")
+        ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
+        ains = [q, kc, vc, io["pos"]]
+        if splits == 1:
+            b.task("ATTN_DECODE", ains, [attn], ap, [c_qkv], c_attn, f"L{l}.attn[g{kvh}]")
+        else:
+            c_part = b.counter(f"attn_part{l}.g{kvh}")
+            for sp in range(splits):
+                b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
+                       [c_qkv], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
+            b.task("ATTN_MERGE", [partial], [attn], {"kv_head": kvh, "group": G, "head_dim": hd, "n_splits": splits},
+                   [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
+    xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
+    wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
+    _residual_gemv(b, cfg, attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid, f"L{l}.o_proj")
+    xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
+    h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
+    wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
+    wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
+    for r0, rn in _tiles(c.intermediate, cfg.mlp_rows):
+        b.task("GEMV_SILU_MUL", [xin2, wg, wu] + ([nw2] if nw2 is not None else []), [h],
+               {"row_start": r0, "row_count": rn, "k": H, "n": c.intermediate, "has_norm": int(nw2 is not None),
+                "eps": c.rms_eps}, [cin2], c_h, f"L{l}.gate_up[{r0}:{r0 + rn}]")
+    xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
+    wd = b.weight(p + "mlp.down_proj.weight", (H, c.intermediate))
+    _residual_gemv(b, cfg, h, wd, xmid, xnext, H, c.intermediate, c_h, c_next, f"L{l}.down")
+    return xnext, c_next
+
+
+def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> list[list[int]]:
+    """Set task.sm by policy; queues keep emission (topological) order."""
+    cost = [t.est_bytes / bw_per_sm * 1e6 + TASK_OVERHEAD_US for t in tasks]
+    if policy == "round_robin":
+        for i, t in enumerate(tasks):
+            t.sm = i % n_sms
+    elif policy == "lpt":
+        load = [0.0] * n_sms
+        for i, t in enumerate(tasks):
+            sm = min(range(n_sms), key=lambda s: (load[s], s))
+            t.sm, load[sm] = sm, load[sm] + cost[i]
+    elif policy == "list":
+        free = [0.0] * n_sms
+        done: dict[int, float] = {}  # counter -> time its last producer finishes
+        for i, t in enumerate(tasks):
+            ready = max((done.get(w.counter, 0.0) for w in t.waits), default=0.0)
+            sm = min(range(n_sms), key=lambda s: (max(free[s], ready), s))
+            fin = max(free[sm], ready) + cost[i]
+            t.sm, free[sm] = sm, fin
+            if t.out_counter >= 0:
+                done[t.out_counter] = max(done.get(t.out_counter, 0.0), fin)
+    else:
+        raise IRError(f"sm_assignment: unknown policy {policy!r} (choices: {KNOB_BY_NAME['sm_assignment'].choices})")
+    queues: list[list[int]] = [[] for _ in range(n_sms)]
+    for t in tasks:
+        queues[t.sm].append(t.id)
+    return queues
+
+
+def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | None = None,
+          max_seq: int | None = None) -> MegakernelProgram:
+    """Lower one decode step of ``graph`` for ``target`` under ``config``."""
+    t0 = time.perf_counter()
+    cfg = config if isinstance(config, ScheduleConfig) else ScheduleConfig.from_dict(config or {})
+    errs = cfg.check_target(target)
+    if errs:
+        raise IRError("config does not fit the target: " + "; ".join(errs))
+    c = graph.config
+    S = int(max_seq or min(c.max_position, DEFAULT_MAX_SEQ))
+    if not 1 <= S <= c.max_position:
+        raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
+    if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
+        raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
+    b = _Builder(DType(graph.dtype))
+    io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
+          "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
+          "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
+          "next_token": b.buf("next_token", BufferKind.IO_OUTPUT, DType.I32, (1,)),
+          "inv_freq": b.buf("inv_freq", BufferKind.CONST, DType.F32, (c.head_dim // 2,),
+                            data=[float(v) for v in rope_inv_freq(c)])}
+    emb = b.weight("model.embed_tokens.weight", (c.vocab, c.hidden))
+    x, cx = b.act("x0", c.hidden), b.counter("x0")
+    b.task("EMBED", [emb, io["token"]], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab,
+                                              "hidden": c.hidden}, [], cx, "embed")
+    for l in range(c.n_layers):
+        x, cx = _layer(b, graph, cfg, l, x, cx, io, S)
+    xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
+    lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
+    c_log = b.counter("logits")
+    for r0, rn in _tiles(c.vocab, cfg.lm_head_rows):
+        ins = [xin, lm] + ([nw] if nw is not None else [])
+        b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
+                                             "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,
+                                             "eps": c.rms_eps}, [cin], c_log, f"lm_head[{r0}:{r0 + rn}]")
+    b.task("ARGMAX", [io["logits"]], [io["next_token"]], {"n": c.vocab}, [c_log], -1, "argmax")
+    b.finalize_thresholds()
+
+    numel = lambda i: b.buffers[i].numel  # noqa: E731
+    isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
+    for t in b.tasks:
+        t.est_bytes, t.est_flops = estimate(t, numel, isz)
+    n_sms = cfg.sms_for(target)
+    queues = _assign(b.tasks, n_sms, cfg.sm_assignment, target.hbm_gbps * 1e9 / n_sms)
+    cfg_d = cfg.to_dict()
+    kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
+    meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,
+            "hidden": c.hidden, "n_layers": c.n_layers, "kv_bytes_per_token": kv_per_tok,
+            "schedule_id": schedule_id(cfg_d), "lower_seconds": round(time.perf_counter() - t0, 3)}
+    return MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
+
+
+def schedule_id(config: dict) -> str:
+    """A short stable id of a config (what the flywheel logs)."""
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
