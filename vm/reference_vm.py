@@ -187,8 +187,12 @@ assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 class ReferenceVM:
     """Runs a program on CPU. ``check=True`` refuses programs ``validate()`` rejects."""
 
+    UPCAST_LIMIT_BYTES = 8 * 2**30
+
     def __init__(self, program: MegakernelProgram, weights: dict[str, torch.Tensor], seed: int = 0,
-                 check: bool = True, order: str = "random"):
+                 check: bool = True, order: str = "random", upcast: bool | None = None):
+        """``upcast``: keep fp32 copies of 16-bit weights (same values; saves the per-tile upcast). Default: on
+        when the fp32 copies fit in UPCAST_LIMIT_BYTES."""
         if check:
             res = validate(program)
             if not res.ok:
@@ -198,6 +202,9 @@ class ReferenceVM:
         self.order = order
         self.mem: dict[int, torch.Tensor] = {}
         self.trace: list[int] = []
+        if upcast is None:
+            upcast = sum(b.numel for b in program.buffers if b.kind == BufferKind.WEIGHT) * 4 <= self.UPCAST_LIMIT_BYTES
+        self.upcast = upcast
         for b in program.buffers:
             self.mem[b.id] = self._materialize(b, weights)
         self._io = {b.name: b.id for b in program.buffers if b.kind in (BufferKind.IO_INPUT, BufferKind.IO_OUTPUT)}
@@ -210,7 +217,8 @@ class ReferenceVM:
             if tuple(w.shape) != tuple(b.shape):
                 raise VMError(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape {tuple(w.shape)}, "
                               f"program expects {tuple(b.shape)}")
-            return w.to(TORCH_DTYPES[b.dtype])
+            w = w.to(TORCH_DTYPES[b.dtype])          # round to the program's weight dtype (no-op if equal)
+            return w.float() if self.upcast else w
         if b.kind == BufferKind.CONST:
             return torch.tensor(b.data, dtype=TORCH_DTYPES[b.dtype]).view(b.shape)
         if b.kind == BufferKind.KV_CACHE:
@@ -232,37 +240,60 @@ class ReferenceVM:
                 t.fill_(-(2**31) if t.dtype == torch.int32 else float("nan"))
 
     def run(self) -> None:
-        """Run every task once, in a random legal order (or queue-major if order='sequential')."""
+        """Run every task once, in a random legal order (or queue-major if order='sequential').
+
+        A queue head is *ready* when all its waits are met; readiness is tracked incrementally (an SM blocked on a
+        counter is re-checked only when that counter is incremented)."""
         prog = self.program
         counters = [0] * len(prog.counters)
         heads = [0] * len(prog.queues)
-        live = [sm for sm, q in enumerate(prog.queues) if q]
+        blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, SM) of heads waiting on it
+        ready: list[int] = []
         self.trace = []
+
+        def admit(sm: int) -> None:
+            if heads[sm] == len(prog.queues[sm]):
+                return
+            t = prog.tasks[prog.queues[sm][heads[sm]]]
+            for w in t.waits:
+                if counters[w.counter] < w.threshold:
+                    blocked.setdefault(w.counter, []).append((w.threshold, sm))
+                    return
+            ready.append(sm)
+
+        for sm in range(len(prog.queues)):
+            admit(sm)
         remaining = sum(len(q) for q in prog.queues)
         while remaining:
-            ready = []
-            for sm in live:
-                t = prog.tasks[prog.queues[sm][heads[sm]]]
-                if all(counters[w.counter] >= w.threshold for w in t.waits):
-                    ready.append(sm)
-                    if self.order == "sequential":
-                        break
             if not ready:
-                stuck = [(sm, prog.queues[sm][heads[sm]]) for sm in live][:4]
+                stuck = [(sm, prog.queues[sm][heads[sm]]) for sm in range(len(prog.queues))
+                         if heads[sm] < len(prog.queues[sm])][:4]
                 raise VMError(f"deadlock: {remaining} task(s) left, no queue head runnable; e.g. "
                               + ", ".join(f"SM {sm} task {tid} ({prog.tasks[tid].op}) waits "
                                           f"{[(w.counter, w.threshold, counters[w.counter]) for w in prog.tasks[tid].waits]}"
                                           for sm, tid in stuck))
-            sm = ready[0] if self.order == "sequential" else self.rng.choice(ready)
+            if self.order == "sequential":
+                ready.sort()
+                sm = ready.pop(0)
+            else:
+                i = self.rng.randrange(len(ready))
+                ready[i], ready[-1] = ready[-1], ready[i]
+                sm = ready.pop()
             t = prog.tasks[prog.queues[sm][heads[sm]]]
             REFERENCE[t.op](self, t)
             self.trace.append(t.id)
-            if t.out_counter >= 0:
-                counters[t.out_counter] += 1
             heads[sm] += 1
             remaining -= 1
-            if heads[sm] == len(prog.queues[sm]):
-                live.remove(sm)
+            admit(sm)
+            if t.out_counter >= 0:
+                c = t.out_counter
+                counters[c] += 1
+                waiting = blocked.get(c)
+                if waiting and any(th <= counters[c] for th, _ in waiting):
+                    blocked[c] = [(th, o) for th, o in waiting if th > counters[c]]
+                    for th, o in waiting:
+                        if th <= counters[c]:
+                            admit(o)
 
     def step(self, token: int, pos: int) -> torch.Tensor:
         """One decode step: token at position pos -> logits (fp32, [vocab]). Also sets io('next_token')."""

@@ -1,0 +1,81 @@
+"""Lowering structure: task/counter counts per config (hand-computed), fine-grained dependencies, queue order,
+JSON round trip, and the full llama-3.2-1b program lowering + validating quickly."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from schedule.graph import load_model
+from schedule.ir import TARGETS, IRError, MegakernelProgram, ScheduleConfig, validate
+from schedule.lower import lower
+from tests.conftest import small_graph
+
+
+def _ops(prog):
+    return prog.stats()["ops"]
+
+
+def test_task_counts_default_toy():
+    # toy: hidden 96, inter 176, 2 layers, 6 heads / 2 kv, vocab 313
+    g = load_model("toy")
+    p = lower(g, TARGETS["h100"], ScheduleConfig(gemv_rows=16, mlp_rows=32, lm_head_rows=64, qkv_heads=1))
+    ops = _ops(p)
+    assert ops["QKV_ROPE"] == 2 * (6 + 2 + 2)                  # per layer: 6 q heads + 2 k + 2 v
+    assert ops["ATTN_DECODE"] == 2 * 2                          # per kv head
+    assert ops["GEMV"] == 2 * (96 // 16 + 96 // 16) + 5         # o_proj + down per layer; lm head ceil(313/64)=5
+    assert ops["GEMV_SILU_MUL"] == 2 * 6                        # ceil(176/32)
+    assert ops["EMBED"] == 1 and ops["ARGMAX"] == 1
+    # counters: x0 + per layer (2 qkv groups + attn + xmid + h + x_next) + logits
+    assert len(p.counters) == 1 + 2 * (2 + 4) + 1
+
+
+def test_attention_waits_only_for_its_group():
+    g = load_model("toy")
+    p = lower(g, TARGETS["h100"], {"qkv_heads": 1})
+    for t in p.tasks:
+        if t.op == "ATTN_DECODE":
+            (w,) = t.waits
+            producers = [u for u in p.tasks if u.out_counter == w.counter]
+            assert w.threshold == len(producers) == 3 + 2       # 3 q heads of the group + its K + its V
+            assert all(u.op == "QKV_ROPE" for u in producers)
+            g_head = t.params["kv_head"]
+            assert {u.params["head_start"] // (3 if u.params["mode"] == 0 else 1) for u in producers} == {g_head}
+
+
+def test_queues_are_topological_and_complete():
+    p = lower(load_model("toy"), TARGETS["h100"], {"num_sms": 4, "sm_assignment": "list"})
+    assert sorted(i for q in p.queues for i in q) == list(range(len(p.tasks)))
+    for sm, q in enumerate(p.queues):
+        assert q == sorted(q) and all(p.tasks[i].sm == sm for i in q)
+
+
+def test_json_round_trip_is_exact():
+    p = lower(small_graph("qwen2"), TARGETS["a100"], {"attn_splits": 2, "fuse_norm": False}, max_seq=16)
+    text = p.to_json()
+    q = MegakernelProgram.from_json(text)
+    assert q.to_json() == text
+    assert q.to_dict() == p.to_dict()
+
+
+def test_format_major_mismatch_is_clear():
+    d = lower(load_model("toy"), TARGETS["h100"], {}).to_dict()
+    d["format_version"] = "2.0"
+    with pytest.raises(IRError, match="format_version '2.0' is not compatible"):
+        MegakernelProgram.from_dict(d)
+
+
+def test_config_that_does_not_fit_target():
+    with pytest.raises(IRError, match="num_sms: 200 exceeds the h100's 132 SMs"):
+        lower(load_model("toy"), TARGETS["h100"], {"num_sms": 200})
+
+
+def test_llama_1b_lowers_and_validates_fast():
+    t0 = time.perf_counter()
+    p = lower(load_model("llama-3.2-1b", dtype="bf16"), TARGETS["h100"], {})
+    res = validate(p)
+    dt = time.perf_counter() - t0
+    assert res.ok, res.report()
+    assert p.weight_bytes == 2_471_628_800
+    assert len(p.tasks) > 10_000 and len(p.queues) == 132
+    assert dt < 30, f"lower+validate took {dt:.1f} s"
