@@ -114,7 +114,7 @@ def cmd_compile(args) -> int:
         rng = torch.Generator().manual_seed(args.seed + 1)
         toks = torch.randint(0, graph.config.vocab, (args.verify_steps,), generator=rng).tolist()
         vm = ReferenceVM(prog, graph.weights, seed=args.seed, check=False)
-        model = graph.hf_model(dtype="f32")
+        model = graph.hf_model(dtype="f32", weights=vm.weight_tensors() if vm.upcast else None)
         ver = verify_steps(vm.step, model, toks, graph.dtype)
         del model
         ver["seconds"] = round(time.perf_counter() - t2, 1)
@@ -217,6 +217,22 @@ def cmd_validate(args) -> int:
     return EXIT_OK if res.ok else EXIT_REJECTED
 
 
+def cmd_bench(args) -> int:
+    if not _has_gpu():
+        raise CLIError("amk bench needs a CUDA GPU (none is available on this machine)")
+    from eval.bench import format_table, run_bench
+    cfg = _load_config(args.config)
+    res = run_bench(args.model, args.gpu, args.ctx, cfg, args.dtype or "bf16",
+                    None if args.compile_mode == "none" else args.compile_mode, args.iters)
+    if args.out:
+        _atomic_write(args.out, json.dumps(res, indent=2, default=str))
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        print(format_table(res))
+    return EXIT_OK if res["amk"]["correct"] else EXIT_REJECTED
+
+
 # --------------------------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
@@ -259,6 +275,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("program")
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=cmd_validate)
+    b = sub.add_parser("bench", help="AMK vs torch eager / CUDA graph / torch.compile on the live GPU")
+    b.add_argument("model")
+    b.add_argument("--gpu", default="auto")
+    b.add_argument("--ctx", type=int, default=512)
+    b.add_argument("--config")
+    b.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None)
+    b.add_argument("--compile-mode", default="max-autotune-no-cudagraphs", help="torch.compile mode, or 'none'")
+    b.add_argument("--iters", type=int, default=50)
+    b.add_argument("--out", help="write the JSON record here")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+    try:
+        import harness
+        if hasattr(harness, "add_cli"):
+            harness.add_cli(sub)
+    except ImportError:
+        pass
     return p
 
 

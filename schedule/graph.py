@@ -227,8 +227,9 @@ class ModelGraph:
         isz = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
         return sum(math.prod(s) for s in weight_shapes(self.config).values()) * isz
 
-    def hf_model(self, dtype: str | None = None, device: str = "cpu"):
-        """A transformers eager model holding the same weights (shared storage where dtype/device match)."""
+    def hf_model(self, dtype: str | None = None, device: str = "cpu", weights: dict | None = None):
+        """A transformers eager model holding the same weights (shared storage where dtype/device match).
+        ``weights`` overrides the tensors used (e.g. fp32 copies already held by a ReferenceVM)."""
         import transformers
         cfg = self.config.to_hf()
         cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
@@ -236,7 +237,7 @@ class ModelGraph:
         tdt = DTYPES[dtype or self.dtype]
         with torch.device("meta"):
             model = cls(cfg)
-        sd = {k: v.to(device=device, dtype=tdt) for k, v in self.weights.items()}
+        sd = {k: v.to(device=device, dtype=tdt) for k, v in (weights or self.weights).items()}
         if self.config.tie_embeddings:
             sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
         model.load_state_dict(sd, strict=False, assign=True)

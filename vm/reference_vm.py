@@ -227,6 +227,10 @@ class ReferenceVM:
         dt = torch.int32 if b.dtype == DType.I32 else torch.float32
         return torch.zeros(b.numel, dtype=dt)
 
+    def weight_tensors(self) -> dict[str, torch.Tensor]:
+        """{state-dict key: the tensor this VM computes with} (fp32 when upcast)."""
+        return {b.source: self.mem[b.id] for b in self.program.buffers if b.kind == BufferKind.WEIGHT}
+
     def buf(self, bid: int) -> torch.Tensor:
         return self.mem[bid]
 
