@@ -152,13 +152,30 @@ def _parse_ids(s: str) -> list[int]:
     return ids
 
 
+def _tokenizer(model: str):
+    """The checkpoint's tokenizer.json (via the `tokenizers` library), or a CLIError."""
+    path = pathlib.Path(model) / "tokenizer.json"
+    if not path.is_file():
+        raise CLIError(f"--prompt needs a tokenizer: {model!r} has no tokenizer.json (use --prompt-ids)")
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise CLIError(f"{path}: cannot load tokenizer ({type(e).__name__}: {e})") from None
+
+
 def cmd_generate(args) -> int:
     from eval.equivalence import greedy_decode, hf_greedy
     from schedule.graph import load_model
     from schedule.ir import TARGETS, get_target
     from schedule.lower import lower
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise CLIError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    tok = _tokenizer(args.model) if args.prompt is not None else None
     graph = load_model(args.model, dtype=args.dtype, seed=args.seed)
-    prompt = _parse_ids(args.prompt_ids)
+    prompt = tok.encode(args.prompt).ids if tok else _parse_ids(args.prompt_ids)
+    if not prompt:
+        raise CLIError("--prompt encodes to no tokens")
     V = graph.config.vocab
     bad = [t for t in prompt if not 0 <= t < V]
     if bad:
@@ -187,10 +204,12 @@ def cmd_generate(args) -> int:
     if args.verify:
         ref = hf_greedy(graph.hf_model(), prompt, args.max_tokens)
         out["verify"] = {"hf_tokens": ref, "identical": ref == tokens}
+    if tok:
+        out["text"] = tok.decode(tokens)
     if args.json:
         print(json.dumps(out))
     else:
-        print(" ".join(str(t) for t in tokens))
+        print(out["text"] if tok else " ".join(str(t) for t in tokens))
         print(f"[{len(tokens)} tokens in {dt:.2f} s on {args.device}]", file=sys.stderr)
         if args.verify:
             print(f"[verify vs transformers greedy: {'identical' if out['verify']['identical'] else 'DIFFERENT'}]",
@@ -261,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_compile)
     g = sub.add_parser("generate", help="greedy decode with a persistent KV cache")
     g.add_argument("model")
-    g.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    g.add_argument("--prompt-ids", help="comma-separated token ids")
+    g.add_argument("--prompt", help="prompt text (needs tokenizer.json in the checkpoint directory)")
     g.add_argument("--max-tokens", type=int, default=16)
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--gpu", default="h100")
