@@ -328,7 +328,7 @@ class MegakernelProgram:
                 queues=[[int(x) for x in q] for q in d["queues"]], config=dict(d.get("config", {})))
         except IRError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise IRError(f"malformed program: {type(e).__name__}: {e}") from None
 
     @staticmethod

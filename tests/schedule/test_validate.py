@@ -1,0 +1,404 @@
+"""schedule/validate.py: each contract violation is rejected with the task (id + opcode) and buffer/counter named;
+valid hand-built and lowered programs pass; garbage never raises; a dropped wait in a lowered toy program is
+rejected by validate() and really breaks the reference VM (NaN or a mismatch in some legal order)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from schedule.adversarial import N, NW, SRC, add_task, clone, gemv_task, make_program, norm_task, small_buffers
+from schedule.ir import TARGETS, Buffer, BufferKind, DType, ScheduleConfig, Task, Wait, topological_order
+from schedule.validate import ValidationResult, happens_before_edges, validate
+from vm.abi import MAX_WAITS
+
+A0, A1, A2, OUT = 3, 4, 5, 6          # small_buffers(3): a0, a1, a2, out
+
+
+def prog(tasks, n_counters, n_sms=None):
+    return make_program(small_buffers(3), tasks, n_counters, n_sms)
+
+
+def chain():
+    """a0 = src + src (SM 0) -> a1 = a0 + a0 (SM 1) -> out = rmsnorm(a1) (SM 0)."""
+    return prog([add_task(0, SRC, SRC, A0, out=0, sm=0),
+                 add_task(1, A0, A0, A1, waits=[(0, 1)], out=1, sm=1),
+                 norm_task(2, A1, OUT, waits=[(1, 1)], sm=0)], 2)
+
+
+def rejected(p, *needles) -> str:
+    r = validate(p)
+    assert isinstance(r, ValidationResult) and not r.ok, r.report()
+    text = "\n".join(r.errors)
+    for nd in needles:
+        assert nd in text, f"{nd!r} not in:\n{r.report()}"
+    return text
+
+
+# -- valid programs ------------------------------------------------------------------------------------------
+def test_valid_chain_passes_with_stats():
+    r = validate(chain())
+    assert r.ok, r.report()
+    assert r.errors == []
+    assert r.stats["tasks"] == 3 and r.stats["counters"] == 2 and r.stats["critical_path_tasks"] == 3
+    assert "OK" in r.report()
+
+
+def test_accepts_dict_and_json_text():
+    p = chain()
+    assert validate(p.to_dict()).ok
+    assert validate(p.to_json()).ok
+
+
+def test_same_sm_needs_no_wait_and_disjoint_tiles_may_run_unordered():
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0),
+              add_task(1, A0, A0, A1, sm=0),                          # ordered by queue order
+              gemv_task(2, SRC, OUT, 0, 4, out=1, sm=1),              # two disjoint tiles of out, no order
+              gemv_task(3, SRC, OUT, 4, 4, out=1, sm=2)], 2)
+    assert validate(p).ok, validate(p).report()
+
+
+def test_happens_before_edges_and_topological_order():
+    p = chain()
+    assert happens_before_edges(p) == [(0, 1), (0, 2), (1, 2)]
+    assert topological_order(p) == [0, 1, 2]
+
+
+# -- deadlocks -------------------------------------------------------------------------------------------------
+def test_cycle_names_a_task_on_it():
+    p = prog([add_task(0, SRC, SRC, A0, waits=[(1, 1)], out=0, sm=0),
+              add_task(1, SRC, SRC, A1, waits=[(0, 1)], out=1, sm=1),
+              norm_task(2, SRC, OUT, sm=2)], 2)
+    text = rejected(p, "cycle", "task 0 (ADD)", "task 1 (ADD)")
+    assert "counter 0" in text and "counter 1" in text
+
+
+def test_threshold_above_producer_count_never_satisfied():
+    p = chain()
+    p.tasks[1].waits[0].threshold = 2
+    rejected(p, "task 1 (ADD)", "counter 0", "never satisfied")
+
+
+def test_threshold_below_producer_count_is_under_counted():
+    p = prog([add_task(0, SRC, SRC, A0, 0, 4, out=0, sm=0),
+              add_task(1, SRC, SRC, A0, 4, 4, out=0, sm=1),
+              norm_task(2, A0, OUT, waits=[(0, 1)], sm=2)], 1)
+    rejected(p, "task 2 (RMSNORM)", "under-counted wait", "counter 0")
+
+
+def test_zero_threshold_rejected():
+    p = chain()
+    p.tasks[1].waits[0].threshold = 0
+    rejected(p, "task 1 (ADD)", "threshold 0")
+
+
+def test_wait_on_counter_nobody_signals():
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), norm_task(1, A0, OUT, waits=[(0, 1), (1, 1)], sm=1)], 2)
+    rejected(p, "task 1 (RMSNORM)", "counter 1", "no task signals")
+
+
+def test_wait_on_own_out_counter():
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), norm_task(1, A0, OUT, waits=[(1, 1)], out=1, sm=1)], 2)
+    rejected(p, "task 1 (RMSNORM)", "its own out_counter", "deadlock")
+
+
+def test_queue_waiting_on_its_own_later_work():
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), norm_task(1, A0, OUT, waits=[(0, 1)], sm=0)], 1)
+    p.queues[0] = [1, 0]                                                # the waiter is queued first
+    rejected(p, "SM 0 queue", "task 1 (RMSNORM)", "task 0 (ADD)", "queued later", "counter 0")
+
+
+# -- races ---------------------------------------------------------------------------------------------------------
+def test_two_unordered_writers():
+    p = prog([add_task(0, SRC, SRC, A0, 0, 6, out=0, sm=0),
+              add_task(1, SRC, SRC, A0, 4, 4, out=0, sm=1),             # overlaps [4, 6) with task 0
+              norm_task(2, A0, OUT, waits=[(0, 2)], sm=2)], 1)
+    rejected(p, "unordered writers", "task 0 (ADD)", "task 1 (ADD)", "buffer 3 'a0'")
+
+
+def test_read_not_ordered_after_write():
+    p = chain()
+    p.tasks[1].waits = []
+    rejected(p, "read not ordered after its write", "task 1 (ADD)", "task 0 (ADD)", "'a0'")
+
+
+def test_write_after_read_on_reused_scratch():
+    # a0 written (SM 0), read on SM 1, then overwritten on SM 0 without waiting for the reader
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0),
+              add_task(1, A0, A0, A1, waits=[(0, 1)], out=1, sm=1),
+              add_task(2, SRC, SRC, A0, sm=0),
+              add_task(3, A0, A1, A2, waits=[(1, 1)], sm=0),
+              norm_task(4, A2, OUT, sm=0)], 2)
+    rejected(p, "write-after-read", "task 2 (ADD)", "task 1 (ADD)", "'a0'")
+
+
+def test_read_of_never_written_scratch():
+    p = prog([norm_task(0, A0, OUT, sm=0)], 0)
+    rejected(p, "task 0 (RMSNORM)", "'a0'", "NaN-poisoned")
+
+
+def test_output_never_written():
+    p = prog([add_task(0, SRC, SRC, A0, sm=0)], 0)
+    rejected(p, "'out'", "never written")
+
+
+def test_kv_cache_append_must_precede_attention():
+    """Through the real access rules: a K append and an attention over the same head must be ordered."""
+    from schedule.adversarial import toy_bases
+    p = toy_bases([dict(num_sms=8, sm_assignment="round_robin")])[0]
+    attn = next(t for t in p.tasks if t.op == "ATTN_DECODE")
+    attn.waits = []
+    rejected(p, f"task {attn.id} (ATTN_DECODE", "k_cache0")
+
+
+# -- integrity, arity, params, ABI ---------------------------------------------------------------------------------
+def test_out_of_range_buffer_id():
+    p = chain()
+    p.tasks[1].inputs[1] = 99
+    rejected(p, "task 1 (ADD)", "buffer id 99 out of range")
+
+
+def test_out_of_range_counter_ids():
+    p = chain()
+    p.tasks[1].waits.append(Wait(7, 1))
+    p.tasks[0].out_counter = 5
+    rejected(p, "task 1 (ADD): waits on counter 7 out of range", "task 0 (ADD): out_counter 5 out of range")
+
+
+def test_too_many_inputs():
+    p = chain()
+    p.tasks[1].inputs.append(A0)
+    rejected(p, "task 1 (ADD)", "3 inputs", "takes 2")
+
+
+def test_optional_input_flags_change_arity():
+    p = prog([gemv_task(0, SRC, OUT, out=0)], 1)
+    p.tasks[0].params["has_norm"] = 1                                   # now needs a norm_w input
+    p.tasks[0].params["eps"] = 1e-5
+    rejected(p, "task 0 (GEMV)", "2 inputs", "takes 3")
+    p.tasks[0].inputs.append(NW)
+    assert validate(p).ok, validate(p).report()
+
+
+def test_missing_param():
+    p = chain()
+    del p.tasks[1].params["count"]
+    rejected(p, "task 1 (ADD)", "missing int param 'count'")
+
+
+def test_missing_float_param_and_non_numeric_params():
+    p = chain()
+    del p.tasks[2].params["eps"]
+    p.tasks[0].params["start"] = "0"
+    rejected(p, "task 2 (RMSNORM)", "missing float param 'eps'", "task 0 (ADD)", "'start'")
+
+
+def test_int_params_must_fit_int32():
+    p = chain()
+    p.tasks[0].params["count"] = 2 ** 31
+    rejected(p, "task 0 (ADD)", "not an int32")
+
+
+def test_unknown_opcode():
+    p = chain()
+    p.tasks[1].op = "FROBNICATE"
+    rejected(p, "task 1", "unknown opcode 'FROBNICATE'")
+
+
+def test_too_many_waits_abi_cap():
+    tasks = [add_task(k, SRC, SRC, A0 if k == 0 else A1, k, 1, out=k, sm=k % 4) for k in range(MAX_WAITS + 1)]
+    tasks.append(norm_task(MAX_WAITS + 1, SRC, OUT, waits=[(k, 1) for k in range(MAX_WAITS + 1)], sm=0))
+    rejected(prog(tasks, MAX_WAITS + 1), f"task {MAX_WAITS + 1} (RMSNORM)", "ABI cap")
+
+
+def test_range_outside_buffer():
+    p = chain()
+    p.tasks[0].params.update(start=6, count=4)
+    rejected(p, "task 0 (ADD)", "[6, 10)", "'a0'", "outside its 8 elements")
+
+
+def test_write_to_read_only_buffer():
+    p = chain()
+    p.tasks[0].outputs = [SRC]
+    rejected(p, "task 0 (ADD)", "buffer 0 'src' (io_input)", "read-only")
+
+
+def test_shape_sanity_gemv_k():
+    p = chain()
+    p.buffers = list(p.buffers) + [Buffer(7, "w2", BufferKind.WEIGHT, DType.F32, (N, 4), "w2")]
+    p.tasks[2] = gemv_task(2, A1, OUT, waits=[(1, 1)])
+    p.tasks[2].inputs[1] = 7
+    rejected(p, "task 2 (GEMV)", "shape (8, 4) != (n, k)")
+
+
+def test_queue_integrity():
+    p = chain()
+    p.queues = [[0, 2], [1, 2]]
+    rejected(p, "task 2 (RMSNORM) is queued twice")
+    p = chain()
+    p.queues = [[0], [1]]
+    rejected(p, "task 2 (RMSNORM) is in no queue")
+    p = chain()
+    p.tasks[1].sm = 0
+    rejected(p, "task 1 (ADD): task.sm = 0 but it is queued on SM 1")
+    p = chain()
+    p.queues += [[] for _ in range(p.target.sm_count)]
+    rejected(p, "queues but target", "co-resident")
+
+
+def test_ids_must_equal_positions():
+    p = chain()
+    p.tasks[1].id = 5
+    p.buffers[3] = Buffer(9, "a0", BufferKind.ACTIVATION, DType.F32, (N,))
+    rejected(p, "task 1: id 5 != its position 1", "id 9 != its position 3")
+
+
+def test_report_lists_every_error():
+    p = chain()
+    p.tasks[1].waits = []
+    p.tasks[0].inputs[0] = 42
+    r = validate(p)
+    rep = r.report()
+    assert rep.startswith("REJECTED") and all(e in rep for e in r.errors)
+    assert r.stats["error_kinds"]
+
+
+# -- garbage never raises ------------------------------------------------------------------------------------------
+def _junk(rng: random.Random, depth: int = 0):
+    kinds = ["int", "float", "str", "none", "bool"] + (["list", "dict"] if depth < 4 else [])
+    k = rng.choice(kinds)
+    if k == "int":
+        return rng.choice([0, -1, 1, 2 ** 40, -(2 ** 63), rng.randint(-5, 5)])
+    if k == "float":
+        return rng.choice([0.5, -1e300, float("nan"), float("inf")])
+    if k == "str":
+        return rng.choice(["", "tasks", "GEMV", "1.0", "\x00"])
+    if k == "none":
+        return None
+    if k == "bool":
+        return rng.random() < 0.5
+    if k == "list":
+        return [_junk(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    keys = ["format_version", "tasks", "buffers", "queues", "counters", "target", "meta", "id", "op", "x"]
+    return {rng.choice(keys): _junk(rng, depth + 1) for _ in range(rng.randint(0, 5))}
+
+
+@pytest.mark.parametrize("junk", [None, [], {}, {"tasks": 5}, "not json", 3.5, b"\xff", object(),
+                                  {"format_version": "1.0", "tasks": [None], "buffers": "x"}])
+def test_garbage_is_rejected_not_raised(junk):
+    r = validate(junk)
+    assert not r.ok and r.errors
+
+
+def test_random_nested_junk_never_raises():
+    rng = random.Random(1)
+    for _ in range(300):
+        j = _junk(rng)
+        merged = isinstance(j, dict) and rng.random() < 0.5
+        if merged:          # junk over a valid program's fields: may still be valid (e.g. only "meta" changed)
+            j = {**chain().to_dict(), **j}
+        r = validate(j)
+        assert isinstance(r, ValidationResult) and (merged or not r.ok)
+        assert r.ok == (not r.errors)
+
+
+def test_garbage_inside_a_program_object_never_raises():
+    cases = []
+    for attr, val in [("inputs", "ab"), ("waits", [5]), ("params", None), ("out_counter", 1.5), ("sm", None),
+                      ("op", 7), ("outputs", [True])]:
+        p = chain()
+        setattr(p.tasks[1], attr, val)
+        cases.append(p)
+    p = chain()
+    p.buffers[3] = None
+    cases.append(p)
+    p = chain()
+    p.queues = None
+    cases.append(p)
+    p = chain()
+    p.buffers[3] = Buffer(3, "a0", "bogus", DType.F32, (N,))
+    cases.append(p)
+    for p in cases:
+        r = validate(p)
+        assert not r.ok and r.errors
+
+
+# -- lowered programs ----------------------------------------------------------------------------------------------
+TOY_CONFIGS = [dict(), dict(num_sms=1), dict(num_sms=8, sm_assignment="round_robin", attn_splits=3),
+               dict(num_sms=5, fuse_norm=False, fuse_residual=False, sm_assignment="lpt"),
+               dict(num_sms=16, gemv_rows=4, mlp_rows=8, lm_head_rows=16, qkv_heads=2),
+               dict(num_sms=7, attn_splits=64, qkv_heads=4)]
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from schedule.graph import load_model
+    return load_model("toy", dtype="f32", seed=0)
+
+
+@pytest.mark.parametrize("cfg", TOY_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_lowered_toy_programs_pass(toy, cfg):
+    from schedule.lower import lower
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(**cfg), max_seq=64)
+    r = validate(p)
+    assert r.ok, r.report()
+    assert r.stats["tasks"] == len(p.tasks) and r.stats["critical_path_tasks"] >= 1
+    assert validate(json.loads(p.to_json())).ok
+    assert topological_order(p) is not None
+
+
+def test_dropped_wait_in_lowered_toy_is_caught_and_really_breaks_the_vm(toy):
+    from schedule.lower import lower
+    from vm.reference_vm import ReferenceVM
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=8, sm_assignment="round_robin"), max_seq=64)
+    ref = ReferenceVM(p, toy.weights, seed=0).step(5, 0)
+    intact = ReferenceVM(p, toy.weights, seed=3).step(5, 0)
+    assert torch.allclose(ref, intact, rtol=1e-5, atol=1e-6)          # any legal order gives the same logits
+    picked = 0
+    for op in ("ATTN_DECODE", "GEMV", "GEMV_SILU_MUL"):              # one dropped wait per opcode family
+        t = next(t for t in p.tasks if t.op == op and t.waits)
+        q = clone(p)
+        q.tasks[t.id].waits = []
+        r = validate(q)
+        assert not r.ok and f"task {t.id} ({op}" in "\n".join(r.errors), r.report()
+        broken = 0
+        for seed in range(12):
+            out = ReferenceVM(q, toy.weights, seed=seed, check=False).step(5, 0)
+            broken += bool(torch.isnan(out).any()) or not torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+        assert broken, f"dropping the wait of task {t.id} ({op}) never showed in 12 random orders"
+        picked += 1
+    assert picked == 3
+
+
+def test_every_error_names_the_task_opcode():
+    """Spot check over many small mutants: every task-level error message carries 'task <id> (<OP>'."""
+    from schedule.adversarial import generate
+    import re
+    for _, _, _, prog_ in generate(11, 300, toy_share=0.0):
+        r = validate(prog_)
+        for e in r.errors:
+            for m in re.finditer(r"task (\d+)\b(?! is)", e):
+                tid = int(m.group(1))
+                if tid < len(prog_.tasks) and isinstance(prog_.tasks[tid], Task):
+                    assert e[m.end():].startswith(" (") or e[m.end():].startswith(":"), e
+
+
+def test_kv_cache_shared_by_two_layers_is_rejected(toy):
+    """Ordered within the step, but the cache outlives it: layer 1's append clobbers layer 0's slot."""
+    from schedule.lower import lower
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4), max_seq=64)
+    k0, k1 = p.buffer("k_cache0").id, p.buffer("k_cache1").id
+    for t in p.tasks:
+        t.inputs = [k0 if b == k1 else b for b in t.inputs]
+        t.outputs = [k0 if b == k1 else b for b in t.outputs]
+    rejected(p, "(QKV_ROPE L0.k", "(QKV_ROPE L1.k", "'k_cache0' (kv_cache)", "lost to later steps")
+
+
+def test_attention_reading_a_cache_not_appended_this_step_is_rejected(toy):
+    from schedule.lower import lower
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4), max_seq=64)
+    attn = next(t for t in p.tasks if t.op == "ATTN_DECODE" and t.label.startswith("L0."))
+    attn.inputs[1] = p.buffer("k_cache1").id                          # layer 0 attention reads layer 1's keys
+    rejected(p, f"task {attn.id} (ATTN_DECODE", "'k_cache1'", "append has not written")
