@@ -86,3 +86,91 @@ def search_space() -> list[dict]:
             d["multiple_of"] = k.multiple_of
         out.append(d)
     return out
+
+
+# -- the learned prior: sensible discrete values, random samples, neighbour mutations, the best corpus point ------
+# Range knobs (attn_splits 1..64, num_sms 0..1024, threads 128..1024) are too wide to sample uniformly: most of
+# num_sms's range does not exist on any GPU. ``candidate_values`` turns every knob into a short ordered list
+# (clipped to the target's caps) that both the random explorer and the neighbour mutation walk.
+def candidate_values(knob: Knob | str, target: Any = None) -> list:
+    """An ordered list of values worth trying for ``knob`` (its choices, or a coarse grid of its range)."""
+    k = KNOB_BY_NAME[knob] if isinstance(knob, str) else knob
+    if k.choices:
+        return list(k.choices)
+    lo, hi = k.range
+    m = k.multiple_of
+    if k.name == "num_sms" and target is not None:
+        n = int(target.sm_count)
+        vals = {0} | {max(1, n * f // 8) for f in (1, 2, 4, 6, 7)}
+        return sorted(v for v in vals if lo <= v <= min(hi, n))
+    if k.name == "threads_per_block" and target is not None:
+        hi = min(hi, int(target.max_threads_per_block))
+    if (hi - lo) // m <= 8:            # narrow: every value
+        vals = set(range(lo + (-lo) % m, hi + 1, m))
+    elif m > 1:                         # wide with a multiple (threads): a grid of 4 warps
+        step = max(m, 128)
+        vals = {lo, hi} | set(range(lo + (-lo) % step, hi + 1, step))
+    else:                               # wide: both ends and the powers of two between
+        vals = {lo, hi} | {2 ** e for e in range(hi.bit_length()) if lo <= 2 ** e <= hi}
+    if lo <= k.default <= hi:
+        vals.add(k.default)
+    return sorted(v for v in vals if k.check(v) is None)
+
+
+def random_config(rng, target: Any = None) -> dict[str, Any]:
+    """One uniformly random point of the discretised space (``rng`` is a ``random.Random``)."""
+    return {k.name: rng.choice(candidate_values(k, target)) for k in KNOBS}
+
+
+def mutate(config: dict[str, Any], rng, target: Any = None, n_changes: int | None = None) -> tuple[dict, list[str]]:
+    """Move 1-2 knobs of ``config`` to a neighbouring candidate value. Returns (new config, descriptions)."""
+    cfg = {**defaults(), **config}
+    n = n_changes if n_changes is not None else rng.choice((1, 1, 2))
+    names = rng.sample([k.name for k in KNOBS], min(n, len(KNOBS)))
+    changed = []
+    for name in names:
+        vals = candidate_values(name, target)
+        if len(vals) < 2:
+            continue
+        cur = cfg[name]
+        if cur in vals:
+            i = vals.index(cur)
+        else:  # off-grid value (hand-written config): start from the nearest grid point
+            i = min(range(len(vals)), key=lambda j: abs(vals[j] - cur) if not isinstance(cur, str) else 0)
+        if isinstance(cur, (bool, str)):  # unordered: any other choice is a neighbour
+            new = rng.choice([v for v in vals if v != cur])
+        else:
+            j = i + rng.choice((-1, 1))
+            j = 1 if j < 0 else (len(vals) - 2 if j >= len(vals) else j)
+            new = vals[j] if vals[j] != cur else vals[i]
+        if new != cur:
+            cfg[name] = new
+            changed.append(f"{name} {cur}->{new}")
+    return cfg, changed
+
+
+def _rank_key(rec: dict) -> tuple:
+    v = rec.get("verdict", {})
+    measured = v.get("latency_kind") == "measured-gpu"
+    return (0 if measured else 1, float(v.get("latency_us") or float("inf")), int(v.get("tasks") or 0))
+
+
+def best_corpus_point(model: str, gpu: str, corpus_path: str, require_correct: bool = True) -> dict | None:
+    """The best kept corpus record for ``model`` + ``gpu`` ({"config", "verdict", ...}), or None.
+
+    Measured-GPU points beat predicted ones; then lower latency, then fewer tasks. Records whose config no longer
+    passes the current KNOBS (a knob renamed or removed since) are skipped.
+    """
+    from flywheel.log import read_corpus
+    best = None
+    for rec in read_corpus(corpus_path, model=model, gpu=gpu):
+        v, cfg = rec.get("verdict") or {}, rec.get("config")
+        if not isinstance(cfg, dict) or v.get("latency_us") is None:
+            continue
+        if require_correct and v.get("correct") is not True:
+            continue
+        if any(k not in KNOB_BY_NAME or KNOB_BY_NAME[k].check(x) for k, x in cfg.items()):
+            continue
+        if best is None or _rank_key(rec) < _rank_key(best):
+            best = rec
+    return best
