@@ -23,13 +23,24 @@ def _tokens(vocab: int, n: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+_REF_CACHE: dict = {}
+
+
+def reference_logits(graph, steps: int = 4, seed: int = 0) -> tuple[list[int], torch.Tensor]:
+    """(tokens, transformers eager fp32 logits [steps, vocab]) for this graph, cached per process."""
+    key = (id(graph), steps, seed)
+    if key not in _REF_CACHE:
+        toks = _tokens(graph.config.vocab, steps, seed)
+        model = graph.hf_model(dtype="f32", device="cuda")
+        _REF_CACHE[key] = (toks, hf_logits(model, toks))
+        del model
+        torch.cuda.empty_cache()
+    return _REF_CACHE[key]
+
+
 def check_program(vm, graph, steps: int = 4, seed: int = 0) -> dict:
     """Compare the GPU VM's logits with transformers eager (fp32, same weights) for ``steps`` decode steps."""
-    toks = _tokens(graph.config.vocab, steps, seed)
-    model = graph.hf_model(dtype="f32", device="cuda")
-    ref = hf_logits(model, toks)
-    del model
-    torch.cuda.empty_cache()
+    toks, ref = reference_logits(graph, steps, seed)
     vm.reset()
     rows = [compare_logits(vm.step(t, i).float().cpu(), ref[i], graph.dtype) for i, t in enumerate(toks)]
     vm.reset()
