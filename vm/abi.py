@@ -25,6 +25,7 @@ MAX_WAITS = 4
 MAX_BUFS = 8
 MAX_IPARAMS = 12
 MAX_FPARAMS = 4
+MAX_PREFETCH = 2
 
 # Buffer dtype codes shared by the IR, the loader and the device code.
 DTYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
@@ -35,6 +36,9 @@ STATUS_FIELDS = ("code", "task", "opcode", "detail", "sm")
 STATUS_OK, STATUS_BAD_OPCODE, STATUS_TIMEOUT, STATUS_BAD_INPUT = 0, 1, 2, 3
 STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIMEOUT: "wait timeout",
                 STATUS_BAD_INPUT: "bad input"}
+
+# AmkInstr.flags bits
+INSTR_FLAG_STREAM = 1   # weights stream through the shared-memory ring (bulk copies); set only for sm_90+ builds
 
 # QKV_ROPE modes
 QKV_MODE_Q, QKV_MODE_K, QKV_MODE_V = 0, 1, 2
@@ -109,8 +113,11 @@ _INSTR_FIELDS = [
     ("op", "i4", 1), ("out_counter", "i4", 1), ("n_waits", "i4", 1), ("n_bufs", "i4", 1),
     ("wait_counter", "i4", MAX_WAITS), ("wait_threshold", "i4", MAX_WAITS),
     ("buf", "i4", MAX_BUFS), ("ip", "i4", MAX_IPARAMS), ("fp", "f4", MAX_FPARAMS),
-    ("task_id", "i4", 1), ("pad0", "i4", 1),
-    ("prefetch_ptr", "u8", 1), ("prefetch_bytes", "i8", 1),
+    ("task_id", "i4", 1), ("flags", "i4", 1),   # flags: INSTR_FLAG_* bits set by the loader
+    # Exact weight byte ranges of the task, in the order the op consumes them (from schedule.ops.weight_ranges; two
+    # for GEMV_SILU_MUL: gate rows, up rows). Used for L2 prefetch (capped per launch) and, when INSTR_FLAG_STREAM
+    # is set, for streaming the rows through the shared-memory ring with bulk copies (sm_90+).
+    ("prefetch_ptr", "u8", MAX_PREFETCH), ("prefetch_bytes", "i8", MAX_PREFETCH),
 ]
 _BUFDESC_FIELDS = [("ptr", "u8", 1), ("numel", "i8", 1), ("dtype", "i4", 1), ("kind", "i4", 1)]
 _CTYPES = {"i4": "int32_t", "u4": "uint32_t", "f4": "float", "u8": "uint64_t", "i8": "int64_t"}
@@ -149,7 +156,7 @@ def render_header() -> str:
          "#pragma once", "#include <stdint.h>", "#include <stddef.h>", "",
          f"#define AMK_ABI_VERSION {ABI_VERSION}", f"#define AMK_MAX_WAITS {MAX_WAITS}",
          f"#define AMK_MAX_BUFS {MAX_BUFS}", f"#define AMK_MAX_IPARAMS {MAX_IPARAMS}",
-         f"#define AMK_MAX_FPARAMS {MAX_FPARAMS}", ""]
+         f"#define AMK_MAX_FPARAMS {MAX_FPARAMS}", f"#define AMK_MAX_PREFETCH {MAX_PREFETCH}", ""]
     for k, v in DTYPE_CODES.items():
         L.append(f"#define AMK_DTYPE_{k.upper()} {v}")
     L.append("")
@@ -158,7 +165,7 @@ def render_header() -> str:
     L.append(f"#define AMK_STATUS_WORDS {len(STATUS_FIELDS)}")
     for code, nm in ((STATUS_BAD_OPCODE, "BAD_OPCODE"), (STATUS_TIMEOUT, "TIMEOUT"), (STATUS_BAD_INPUT, "BAD_INPUT")):
         L.append(f"#define AMK_ERR_{nm} {code}")
-    L += ["", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
+    L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
           f"#define AMK_QKV_MODE_V {QKV_MODE_V}", ""]
     for op in _OPS:
         L.append(f"#define AMK_OP_{op.name} {op.code}")

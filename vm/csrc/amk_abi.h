@@ -8,6 +8,7 @@
 #define AMK_MAX_BUFS 8
 #define AMK_MAX_IPARAMS 12
 #define AMK_MAX_FPARAMS 4
+#define AMK_MAX_PREFETCH 2
 
 #define AMK_DTYPE_F32 0
 #define AMK_DTYPE_BF16 1
@@ -24,6 +25,7 @@
 #define AMK_ERR_TIMEOUT 2
 #define AMK_ERR_BAD_INPUT 3
 
+#define AMK_INSTR_FLAG_STREAM 1
 #define AMK_QKV_MODE_Q 0
 #define AMK_QKV_MODE_K 1
 #define AMK_QKV_MODE_V 2
@@ -148,11 +150,11 @@ typedef struct AmkInstr {
   int32_t ip[12];
   float fp[4];
   int32_t task_id;
-  int32_t pad0;
-  uint64_t prefetch_ptr;
-  int64_t prefetch_bytes;
+  int32_t flags;
+  uint64_t prefetch_ptr[2];
+  int64_t prefetch_bytes[2];
 } AmkInstr;
-static_assert(sizeof(AmkInstr) == 168, "AmkInstr size drifted from vm/abi.py");
+static_assert(sizeof(AmkInstr) == 184, "AmkInstr size drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, op) == 0, "AmkInstr.op offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, out_counter) == 4, "AmkInstr.out_counter offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, n_waits) == 8, "AmkInstr.n_waits offset drifted from vm/abi.py");
@@ -163,9 +165,9 @@ static_assert(offsetof(AmkInstr, buf) == 48, "AmkInstr.buf offset drifted from v
 static_assert(offsetof(AmkInstr, ip) == 80, "AmkInstr.ip offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, fp) == 128, "AmkInstr.fp offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, task_id) == 144, "AmkInstr.task_id offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, pad0) == 148, "AmkInstr.pad0 offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, flags) == 148, "AmkInstr.flags offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, prefetch_ptr) == 152, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_bytes) == 160, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_bytes) == 168, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
 
 typedef struct AmkBufDesc {
   uint64_t ptr;
@@ -191,7 +193,7 @@ static_assert(offsetof(AmkBufDesc, kind) == 20, "AmkBufDesc.kind offset drifted 
   X(AmkInstr, ip, offsetof(AmkInstr, ip)) \
   X(AmkInstr, fp, offsetof(AmkInstr, fp)) \
   X(AmkInstr, task_id, offsetof(AmkInstr, task_id)) \
-  X(AmkInstr, pad0, offsetof(AmkInstr, pad0)) \
+  X(AmkInstr, flags, offsetof(AmkInstr, flags)) \
   X(AmkInstr, prefetch_ptr, offsetof(AmkInstr, prefetch_ptr)) \
   X(AmkInstr, prefetch_bytes, offsetof(AmkInstr, prefetch_bytes)) \
   X(AmkBufDesc, sizeof, sizeof(AmkBufDesc)) \

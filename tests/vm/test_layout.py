@@ -1,0 +1,117 @@
+"""ABI layout: the committed header is what vm/abi.py renders, a g++-compiled probe of the header reports the same
+sizeof/offsetof as vm.abi.layout_table(), and check_layout() names the struct + field of any drift. CPU only."""
+from __future__ import annotations
+
+import copy
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from vm import abi
+from vm.loader import AbiMismatchError, check_layout, pack_instructions, pack_queues, smem_floats
+
+CSRC = pathlib.Path(abi.__file__).parent / "csrc"
+
+
+def test_header_matches_render():
+    assert abi.HEADER_PATH.read_text() == abi.render_header(), "run `python -m vm.abi` to regenerate amk_abi.h"
+
+
+def _probe(tmp_path) -> dict:
+    exe = tmp_path / "probe"
+    subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", f"-I{CSRC}", str(CSRC / "layout_probe.cpp"), "-o",
+                    str(exe)], check=True, capture_output=True, text=True)
+    out: dict = {}
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
+        s, f, v = line.split()
+        out.setdefault(s, {})[f] = int(v)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_probe_matches_layout_table(tmp_path):
+    reported = _probe(tmp_path)
+    assert reported == abi.layout_table()
+    check_layout(reported, abi.layout_table())  # no raise
+
+
+def test_check_layout_names_struct_and_field():
+    exp = abi.layout_table()
+    bad = copy.deepcopy(exp)
+    bad["AmkInstr"]["buf"] += 4
+    with pytest.raises(AbiMismatchError, match=r"AmkInstr\.buf"):
+        check_layout(bad, exp)
+    bad = copy.deepcopy(exp)
+    bad["AmkBufDesc"]["sizeof"] = 32
+    with pytest.raises(AbiMismatchError, match=r"AmkBufDesc\.sizeof"):
+        check_layout(bad, exp)
+    bad = copy.deepcopy(exp)
+    del bad["AmkInstr"]["prefetch_bytes"]
+    with pytest.raises(AbiMismatchError, match=r"AmkInstr\.prefetch_bytes"):
+        check_layout(bad, exp)
+
+
+def test_pack_toy_program():
+    """Packing a lowered toy program: opcode codes, slot order, params, queues as instruction indices."""
+    from schedule.graph import load_model
+    from schedule.ir import TARGETS
+    from schedule.lower import lower
+    g = load_model("toy", dtype="bf16")
+    prog = lower(g, TARGETS["h100"], {"num_sms": 8, "attn_splits": 2}, max_seq=32)
+    ins = pack_instructions(prog)
+    assert ins.dtype == abi.INSTR_DTYPE and len(ins) == len(prog.tasks)
+    for i, t in enumerate(prog.tasks):
+        spec = abi.OPCODES[t.op]
+        assert ins[i]["op"] == spec.code and ins[i]["task_id"] == t.id
+        assert list(ins[i]["buf"][:ins[i]["n_bufs"]]) == list(t.inputs) + list(t.outputs)
+        for j, n in enumerate(spec.iparams):
+            assert ins[i]["ip"][j] == int(t.params.get(n, 0))
+        assert ins[i]["prefetch_bytes"].sum() == 0  # no device pointers -> no prefetch
+    offs, items = pack_queues(prog)
+    assert offs[-1] == len(items) == len(prog.tasks) and sorted(items.tolist()) == list(range(len(prog.tasks)))
+    assert max(smem_floats(t, 512) for t in prog.tasks) * 4 < 48 * 1024
+
+
+def test_weight_ranges_and_stream_flags():
+    """Exact weight byte ranges per task (two for gate/up), stream flags only where rows are 16-byte multiples."""
+    from schedule.graph import ModelConfig, ModelGraph, load_model, random_weights
+    from schedule.ir import TARGETS
+    from schedule.lower import lower
+    g = load_model("toy", dtype="bf16")
+    prog = lower(g, TARGETS["h100"], {"num_sms": 4}, max_seq=16)
+    base = {b.id: 0x10000000 * (b.id + 1) for b in prog.buffers}
+    ins = pack_instructions(prog, base.__getitem__, stage_bytes=32768)
+    for i, t in enumerate(prog.tasks):
+        r = ins[i]
+        if t.op == "GEMV_SILU_MUL":
+            rows, K = t.params["row_count"], t.params["k"]
+            assert list(r["prefetch_bytes"]) == [rows * K * 2] * 2
+            assert r["prefetch_ptr"][0] == base[t.inputs[1]] + t.params["row_start"] * K * 2
+            assert r["prefetch_ptr"][1] == base[t.inputs[2]] + t.params["row_start"] * K * 2
+        if t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE"):
+            assert r["flags"] & abi.INSTR_FLAG_STREAM, t.op
+        else:
+            assert r["flags"] == 0 and (t.op != "EMBED" or r["prefetch_bytes"].sum() == 0)
+    assert not (pack_instructions(prog, base.__getitem__, stage_bytes=0)["flags"] != 0).any()
+    odd = ModelConfig("llama", 101, 90, 70, 1, 3, 1, 10, 1e-5, 10000.0, None, False, max_position=64)
+    go = ModelGraph("odd", odd, random_weights(odd, "bf16", 0), "bf16")
+    po = lower(go, TARGETS["h100"], {"num_sms": 4}, max_seq=16)
+    ins = pack_instructions(po, lambda b: 4096 * (b + 1), stage_bytes=32768)
+    assert not (ins["flags"] != 0).any()  # 180-byte rows: register path
+    assert np.all(ins["n_bufs"] <= abi.MAX_BUFS)
+
+
+def test_vm_refuses_invalid_program():
+    """validate() runs before anything touches a GPU; its report is in the error."""
+    from schedule.graph import load_model
+    from schedule.ir import TARGETS
+    from schedule.lower import lower
+    from vm.loader import MegakernelError, MegakernelVM
+    g = load_model("toy", dtype="f32")
+    prog = lower(g, TARGETS["h100"], {"num_sms": 4}, max_seq=16)
+    next(t for t in prog.tasks if t.waits).waits[0].threshold += 1
+    with pytest.raises(MegakernelError, match=r"rejected by validate"):
+        MegakernelVM(prog, g.weights)

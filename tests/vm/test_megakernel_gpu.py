@@ -1,0 +1,260 @@
+"""The GPU megakernel VM against the CPU ReferenceVM (same program tables, same weights), plus the robustness
+contract: traps, timeouts, bad inputs, layout drift, and a decode loop with zero host syncs per token.
+
+fp32: max|gpu - ref| <= 1e-5 * max|ref| per step; bf16: <= 2e-2 (K/V rounding may flip an ulp) and same top-1.
+All tests carry @pytest.mark.cuda (skipped without a GPU by tests/conftest.py).
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+
+from schedule.graph import ModelConfig, ModelGraph, random_weights
+from schedule.ir import TARGETS
+from schedule.lower import lower
+from tests.conftest import SMALL_CONFIGS, small_graph
+from vm import abi
+from vm.reference_vm import ReferenceVM
+
+pytestmark = pytest.mark.cuda
+
+# Extra shapes on top of tests/conftest.py: scalar paths (K % 8 != 0, head_dim 10), G > 8, head_dim 128 / 256.
+EXTRA = {
+    "odd": ModelConfig("llama", 101, 90, 70, 2, 3, 1, 10, 1e-5, 10000.0, None, False, max_position=700),
+    "wide-group": ModelConfig("llama", 257, 96, 128, 1, 12, 1, 8, 1e-5, 10000.0, None, True, max_position=700),
+    "hd128": ModelConfig("qwen3", 300, 128, 256, 2, 4, 1, 128, 1e-6, 1e6, None, True, qk_norm=True,
+                         max_position=700),
+    "hd256": ModelConfig("llama", 211, 64, 96, 1, 8, 1, 256, 1e-5, 10000.0, None, False, max_position=700),
+    # big enough for several weight-ring stages per task (QKV tile 256 KB in bf16, gate/up 128 KB, down 64 KB)
+    "wide": ModelConfig("llama", 500, 1024, 2048, 1, 8, 2, 128, 1e-5, 10000.0, None, False, max_position=700),
+}
+CONFIGS = {
+    "default": {"num_sms": 8},
+    "split": {"attn_splits": 3, "fuse_norm": False, "fuse_residual": False, "gemv_rows": 4, "qkv_heads": 2,
+              "num_sms": 16, "sm_assignment": "round_robin"},
+    "lpt": {"lm_head_rows": 16, "mlp_rows": 8, "sm_assignment": "lpt", "num_sms": 5},
+}
+
+
+def graph(name: str, dtype: str = "f32", seed: int = 3) -> ModelGraph:
+    if name in SMALL_CONFIGS:
+        return small_graph(name, seed=seed, dtype=dtype)
+    c = EXTRA[name]
+    return ModelGraph(name, c, random_weights(c, dtype, seed), dtype)
+
+
+def make(name="llama-untied", dtype="f32", cfg="default", max_seq=48, check=True, **kw):
+    from vm.loader import MegakernelVM
+    g = graph(name, dtype)
+    prog = lower(g, TARGETS["h100"], CONFIGS[cfg], max_seq=max_seq)
+    return g, prog, MegakernelVM(prog, g.weights, check=check, **kw)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def compare(vm, ref, steps, tol):
+    """Run (token, pos) steps on both VMs; assert logits within tol and next_token == argmax."""
+    worst = 0.0
+    for tok, pos in steps:
+        want = ref.step(tok, pos)
+        got = vm.step(tok, pos).clone()
+        assert torch.isfinite(got).all(), f"non-finite logits at pos {pos}"
+        worst = max(worst, rel_err(got, want))
+        assert worst <= tol, f"pos {pos}: rel err {worst:.3g} > {tol}"
+        assert int(vm.next_token.item()) == int(torch.argmax(got).item())
+        if tol >= 1e-3:
+            assert int(torch.argmax(got)) == int(torch.argmax(want)) or \
+                float(want.max() - want[int(torch.argmax(got))]) < 1e-2 * float(want.abs().max())
+    return worst
+
+
+def _path(path: str) -> dict:
+    """Build variant: 'reg' = register streaming (default; sm_80 path), 'ring' = sm_90 bulk-copy weight ring."""
+    if path == "ring" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the weight ring needs sm_90+")
+    return {"tma": path == "ring"}
+
+
+@pytest.mark.parametrize("path", ["reg", "ring"])
+@pytest.mark.parametrize("name", sorted(SMALL_CONFIGS) + sorted(EXTRA))
+@pytest.mark.parametrize("cfg", sorted(CONFIGS))
+def test_fp32_matches_reference(name, cfg, path):
+    S = min(600, graph(name).config.max_position)
+    g, prog, vm = make(name, "f32", cfg, max_seq=S, **_path(path))
+    ref = ReferenceVM(prog, g.weights, seed=1)
+    V = g.config.vocab
+    # positions 0..3, then far positions (unwritten cache rows are zero in both VMs): several attention tiles
+    steps = [(7 % V, 0), (100 % V, 1), (250 % V, 2), (3, 3), (11 % V, S // 2), (5, S - 1)]
+    compare(vm, ref, steps, 1e-5)
+
+
+@pytest.mark.parametrize("path", ["reg", "ring"])
+@pytest.mark.parametrize("name", ["llama-untied", "qwen3", "odd", "hd128", "wide"])
+def test_bf16_matches_reference(name, path):
+    S = min(300, graph(name).config.max_position)
+    g, prog, vm = make(name, "bf16", "split" if name == "qwen3" else "default", max_seq=S, **_path(path))
+    ref = ReferenceVM(prog, g.weights, seed=2)
+    compare(vm, ref, [(5, 0), (17, 1), (33, 2), (2, 3), (9, S - 1)], 2e-2)
+
+
+def test_register_path_has_no_ring():
+    g, prog, vm = make("wide", "bf16", "default", max_seq=16, tma=False)
+    assert vm.ring_bytes == 0 and vm.n_streamed == 0
+
+
+def test_ring_streams_on_sm90():
+    g, prog, vm = make("wide", "bf16", "default", max_seq=16, **_path("ring"))
+    assert vm.ring_bytes > 0 and vm.n_streamed == sum(t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
+                                                      for t in prog.tasks)
+    ref = ReferenceVM(prog, g.weights, seed=4)
+    compare(vm, ref, [(5, 0), (17, 1), (3, 15)], 2e-2)
+    a = vm.step(3, 2).clone()
+    assert torch.equal(a, vm.step(3, 2))   # bit-identical reruns through the ring
+
+
+def test_f16_weights_run():
+    g, prog, vm = make("llama-untied", "f16", "default")
+    ref = ReferenceVM(prog, g.weights, seed=2)
+    compare(vm, ref, [(5, 0), (17, 1)], 2e-2)
+
+
+def test_reruns_are_bit_identical():
+    g, prog, vm = make("qwen3", "bf16", "split")
+    a = [vm.step(t, i).clone() for i, t in enumerate([3, 8, 13])]
+    vm.reset()
+    b = [vm.step(t, i).clone() for i, t in enumerate([3, 8, 13])]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("path", ["reg", "ring"])
+def test_trap_unknown_opcode_then_valid_launch(path):
+    g, prog, vm = make("llama-untied", "f32", "default", **_path(path))
+    ref = ReferenceVM(prog, g.weights)
+    k = next(i for i, t in enumerate(prog.tasks) if t.op == "GEMV_SILU_MUL")
+    good = int(vm.instrs_np[k]["op"])
+    vm.patch_instr(k, op=99)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"unknown opcode 99") as ei:
+        vm.step(5, 0)
+    assert f"task {prog.tasks[k].id}" in str(ei.value)
+    assert time.perf_counter() - t0 < 5.0
+    vm.patch_instr(k, op=good)
+    assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5
+
+
+def test_timeout_names_task_and_counter_then_valid_launch():
+    g, prog, _ = make("llama-untied", "f32", "default")
+    bad = copy.deepcopy(prog)
+    # ARGMAX: nothing waits on it, so it is the only block that can time out (deterministic report)
+    k = next(i for i, t in enumerate(bad.tasks) if t.op == "ARGMAX")
+    bad.tasks[k].waits[0].threshold += 1                 # never satisfied
+    from vm.loader import MegakernelVM
+    vm = MegakernelVM(bad, g.weights, check=False, timeout_s=0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"timeout") as ei:
+        vm.step(5, 0)
+    dt = time.perf_counter() - t0
+    msg = str(ei.value)
+    assert f"task {bad.tasks[k].id}" in msg and f"counter {bad.tasks[k].waits[0].counter}" in msg, msg
+    assert dt < 3.0, f"timeout took {dt:.2f} s"
+    thr = vm.instrs_np[k]["wait_threshold"].copy()
+    thr[0] -= 1
+    vm.patch_instr(k, wait_threshold=thr)
+    ref = ReferenceVM(prog, g.weights)
+    assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5
+
+
+def test_bad_token_and_position_are_reported():
+    g, prog, vm = make("llama-untied", "f32", "default", max_seq=16)
+    with pytest.raises(RuntimeError, match=r"token id 100000"):
+        vm.step(100000, 0)
+    with pytest.raises(RuntimeError, match=r"position 16"):
+        vm.step(1, 16)
+    with pytest.raises(RuntimeError, match=r"position -1"):
+        vm.step(1, -1)
+    ref = ReferenceVM(prog, g.weights)
+    assert rel_err(vm.step(1, 0), ref.step(1, 0)) <= 1e-5
+
+
+def test_layout_drift_refuses_launch(monkeypatch):
+    from vm import loader
+    real = abi.layout_table()
+
+    def drifted():
+        d = copy.deepcopy(real)
+        d["AmkInstr"]["fp"] += 4
+        return d
+    monkeypatch.setattr(loader.abi, "layout_table", drifted)
+    with pytest.raises(loader.AbiMismatchError, match=r"AmkInstr\.fp"):
+        make("llama-untied", "f32", "default")
+
+
+def _ref_greedy(prog, g, first, start, n):
+    ref = ReferenceVM(prog, g.weights)
+    for p in range(start):  # same prefix as the GPU VM saw
+        ref.step(first, p)
+    out, tok = [], first
+    for i in range(n):
+        tok = int(torch.argmax(ref.step(tok, start + i)))
+        out.append(tok)
+    return out
+
+
+@pytest.mark.parametrize("use_graph", [True, False])
+def test_decode_has_no_host_sync_per_token(use_graph):
+    g, prog, vm = make("qwen3", "f32", "default", max_seq=64)
+    n = 12
+    if use_graph:
+        vm.prepare_decode(n)              # capture outside the sync-checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = vm.decode_device(n, first_token=5, start_pos=0, use_graph=use_graph)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    vm.check_status()
+    assert out.tolist() == _ref_greedy(prog, g, 5, 0, n)
+    assert int(vm.pos.item()) == n
+
+
+def test_decode_chunks_match_reference_and_generate():
+    g, prog, vm = make("llama-tied-rope3", "f32", "split", max_seq=64)
+    toks = vm.decode(9, 0, 20, chunk=8)   # 8 + 8 (graph replays) + 4 (eager)
+    assert toks == _ref_greedy(prog, g, 9, 0, 20)
+    vm.reset()
+    gen = vm.generate([9, 9, 9], 5, chunk=4)
+    ref = ReferenceVM(prog, g.weights)
+    for i in range(2):
+        ref.step(9, i)
+    logits = ref.step(9, 2)
+    want = []
+    for i in range(5):
+        want.append(int(torch.argmax(logits)))
+        logits = ref.step(want[-1], 3 + i)
+    assert gen == want
+
+
+def test_program_without_validation_still_checks_ranges():
+    from vm.loader import MegakernelError, MegakernelVM
+    g = graph("llama-untied")
+    prog = lower(g, TARGETS["h100"], CONFIGS["default"], max_seq=16)
+    bad = copy.deepcopy(prog)
+    t = next(t for t in bad.tasks if t.op == "GEMV")
+    t.params["row_start"] = 10 ** 6
+    with pytest.raises(MegakernelError, match=rf"task {t.id} \(GEMV\)"):
+        MegakernelVM(bad, g.weights, check=False)
+
+
+def test_knobs_change_the_build():
+    from vm import jit
+    g, prog, vm = make("llama-untied", "f32", "default")
+    assert jit.spec_for(256, 0).name() != jit.spec_for(512, 2).name() != jit.spec_for(512, 3).name()
+    info = vm.ext.build_info()
+    assert (info["threads"], info["prefetch_depth"]) == (vm.threads, vm.prefetch_depth)
+    assert vm.prefetch_cap > 0 and int(vm.instrs_np["prefetch_bytes"].max()) > 0

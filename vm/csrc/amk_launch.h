@@ -1,0 +1,42 @@
+// The kernel's argument struct and the host entry points of megakernel.cu (plain C: no CUDA, no torch headers),
+// shared by megakernel.cu (which defines them) and binding.cpp (the torch extension that calls them).
+#pragma once
+#include <stdint.h>
+#include "amk_abi.h"
+
+// Index of the abort flag inside the int32 status array (after the AMK_STATUS_WORDS report words).
+#define AMK_STATUS_ABORT AMK_STATUS_WORDS
+// Length of the status array the host allocates (report words + abort flag, padded).
+#define AMK_STATUS_LEN 8
+
+typedef struct AmkParams {
+  const AmkInstr* instrs;        // [n_instrs] instruction PODs (index = task position in program.tasks)
+  const int32_t* queue_offsets;  // [n_queues + 1] CSR offsets into queue_items
+  const int32_t* queue_items;    // [n_tasks] instruction indices, per queue in run order
+  const AmkBufDesc* bufs;        // [n_bufs] buffer descriptors
+  int32_t* counters;             // [n_counters] monotonic counters, zeroed before each launch
+  int32_t* status;               // [AMK_STATUS_LEN] error report words + abort flag
+  uint64_t* trace;               // nullable: [n_instrs][4] = wait begin, ready, end (%globaltimer ns), SM
+  int64_t timeout_ns;            // wait budget per wait (%globaltimer ns)
+  int64_t prefetch_cap;          // L2 prefetch bytes per look-ahead task (0 = none)
+  int32_t n_instrs, n_bufs, n_counters, n_queues;
+  int32_t smem_bytes;            // dynamic shared memory of this launch (ring + op area; ops check their need)
+  int32_t pad0;
+} AmkParams;
+
+// Trace record words per instruction (see AmkParams.trace).
+#define AMK_TRACE_WORDS 4
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// All return a cudaError_t value (0 = success).
+int amk_prepare(int smem_bytes);                                   // raise the dynamic smem limit (once per size)
+int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream);  // cooperative launch on `stream`
+int amk_occupancy(int smem_bytes, int* blocks_per_sm);             // co-resident blocks per SM
+int amk_layout(const char** structs, const char** fields, long long* values, int max_entries);  // -> count
+int amk_build_info(int* out, int n);  // threads, prefetch depth, ABI version, CUDART, sizeof params, ring stages, stage bytes, tma
+const char* amk_error_string(int err);
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,205 @@
+// Common device helpers of the AMK megakernel: build knobs, the per-task context, reductions, typed loads.
+//
+// Memory rules (see schedule/ir.py's sync contract):
+//   * weights / CONST tables are read-only for the whole launch: streamed with ld.global.nc + L1::no_allocate +
+//     an L2 evict-first policy (amk_ld_stream), or __ldg for small scalar reads;
+//   * activations, IO words and the KV cache may be written inside the launch by another block: always read with
+//     coherent L2 loads (__ldcg), never ld.global.nc.
+// Reductions are fixed-order (xor-butterfly shuffles + per-warp slots summed in warp order), so reruns are
+// bit-identical.
+#pragma once
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include "amk_abi.h"
+#include "amk_launch.h"
+
+#ifndef AMK_THREADS
+#define AMK_THREADS 512
+#endif
+#ifndef AMK_PREFETCH_DEPTH
+#define AMK_PREFETCH_DEPTH 2
+#endif
+static_assert(AMK_THREADS % 32 == 0 && AMK_THREADS >= 128 && AMK_THREADS <= 1024, "AMK_THREADS: 128..1024, x32");
+static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_DEPTH out of range");
+
+#define AMK_NWARPS (AMK_THREADS / 32)
+#define AMK_ATTN_TILE 256   // keys per attention tile (scores staged in smem)
+// q heads per register block in attention (fewer at 1024 threads: 64 registers per thread)
+#define AMK_ATTN_GB (AMK_THREADS >= 1024 ? 4 : 8)
+#define AMK_ATTN_RGMAX 32   // max key row-groups in the P.V pass
+
+// Loads in flight per lane in the GEMV inner loop: R rows x U 16-byte chunks; T*R*U*16 B ~ 64 KB per block.
+#define AMK_CLAMP(v, lo, hi) ((v) < (lo) ? (lo) : ((v) > (hi) ? (hi) : (v)))
+#ifndef AMK_U1
+#define AMK_U1 AMK_CLAMP(4096 / AMK_THREADS, 1, 16)
+#endif
+#ifndef AMK_U2
+#define AMK_U2 AMK_CLAMP(2048 / AMK_THREADS, 1, 16)
+#endif
+
+struct AmkRing;  // stream.cuh
+
+// Everything an op needs: launch params, the task's instruction (a shared-memory copy), smem areas, its SM.
+struct AmkCtx {
+  const AmkParams* p;
+  const AmkInstr* ins;   // shared memory
+  float* smem;           // dynamic shared memory op area (op-specific carve-up, see amk_smem_floats)
+  float* red;            // static scratch, 64 floats (block reductions)
+  float* part;           // static scratch, 64 floats (split-K partials)
+  int* flag;             // shared abort flag: set to 1 by an op that reported an error
+  int sm;
+  int instr_index;
+  AmkRing* ring;         // weight ring state (shared memory; stream.cuh)
+  unsigned char* ring_base;  // slot 0 of the ring (dynamic shared memory)
+  int q1;                // end of this block's queue (the producer's horizon)
+};
+
+__host__ __device__ __forceinline__ int amk_pad4(int n) { return (n + 3) & ~3; }
+
+__device__ __forceinline__ int amk_tid() { return (int)threadIdx.x; }
+__device__ __forceinline__ int amk_lane() { return (int)threadIdx.x & 31; }
+__device__ __forceinline__ int amk_warp() { return (int)threadIdx.x >> 5; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Status reporting: the first error wins the code word; every error raises the abort flag.
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ void amk_report(const AmkParams& p, int code, int task, int op, int detail, int sm) {
+  if (atomicCAS(&p.status[AMK_STATUS_CODE], 0, code) == 0) {
+    p.status[AMK_STATUS_TASK] = task;
+    p.status[AMK_STATUS_OPCODE] = op;
+    p.status[AMK_STATUS_DETAIL] = detail;
+    p.status[AMK_STATUS_SM] = sm;
+    __threadfence();
+  }
+  atomicExch(&p.status[AMK_STATUS_ABORT], 1);
+}
+
+// Called by ONE thread of the block; the caller's following __syncthreads publishes *flag.
+__device__ __forceinline__ void amk_fail(const AmkCtx& c, int code, int detail) {
+  amk_report(*c.p, code, c.ins->task_id, c.ins->op, detail, c.sm);
+  *c.flag = 1;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reductions (deterministic).
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float amk_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float amk_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block; every thread gets the same value. Uses red[0..32]; contains three barriers.
+__device__ __forceinline__ float amk_block_sum(float v, float* red) {
+  v = amk_warp_sum(v);
+  if (amk_lane() == 0) red[amk_warp()] = v;
+  __syncthreads();
+  if (amk_warp() == 0) {
+    float t = amk_lane() < AMK_NWARPS ? red[amk_lane()] : 0.f;
+    t = amk_warp_sum(t);
+    if (amk_lane() == 0) red[32] = t;
+  }
+  __syncthreads();
+  const float r = red[32];
+  __syncthreads();
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Element types. T::VE = elements per 16-byte chunk; unpack() turns a chunk into VE floats.
+// ---------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float amk_bf16_bits(uint32_t b16) { return __uint_as_float(b16 << 16); }
+__device__ __forceinline__ float amk_f16_bits(uint32_t b16) {
+  return __half2float(__ushort_as_half((unsigned short)b16));
+}
+__device__ __forceinline__ unsigned short amk_ld_u16_ro(const void* p, int64_t i) {
+  return __ldg((const unsigned short*)p + i);
+}
+__device__ __forceinline__ unsigned short amk_ld_u16_cg(const void* p, int64_t i) {
+  return __ldcg((const unsigned short*)p + i);
+}
+
+struct AmkF32 {
+  static constexpr int VE = 4, BYTES = 4;
+  __device__ static __forceinline__ void unpack(const uint4& v, float (&f)[4]) {
+    f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+  }
+  __device__ static __forceinline__ float ro(const void* p, int64_t i) { return __ldg((const float*)p + i); }
+  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return __ldcg((const float*)p + i); }
+  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {  // i even, 8-byte aligned
+    return __ldcg((const float2*)((const float*)p + i));
+  }
+};
+struct AmkBF16 {
+  static constexpr int VE = 8, BYTES = 2;
+  __device__ static __forceinline__ void unpack(const uint4& v, float (&f)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+  __device__ static __forceinline__ float ro(const void* p, int64_t i) { return amk_bf16_bits(amk_ld_u16_ro(p, i)); }
+  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return amk_bf16_bits(amk_ld_u16_cg(p, i)); }
+  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {
+    const uint32_t w = __ldcg((const unsigned int*)((const unsigned short*)p + i));
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  }
+};
+struct AmkF16 {
+  static constexpr int VE = 8, BYTES = 2;
+  __device__ static __forceinline__ void unpack(const uint4& v, float (&f)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { f[2 * i] = amk_f16_bits(w[i] & 0xffffu); f[2 * i + 1] = amk_f16_bits(w[i] >> 16); }
+  }
+  __device__ static __forceinline__ float ro(const void* p, int64_t i) { return amk_f16_bits(amk_ld_u16_ro(p, i)); }
+  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return amk_f16_bits(amk_ld_u16_cg(p, i)); }
+  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {
+    const uint32_t w = __ldcg((const unsigned int*)((const unsigned short*)p + i));
+    return make_float2(amk_f16_bits(w & 0xffffu), amk_f16_bits(w >> 16));
+  }
+};
+
+// Read-only element of a weight / CONST buffer of run-time dtype (small vectors: norm weights, bias, inv_freq).
+__device__ __forceinline__ float amk_ldw(const void* p, int dt, int64_t i) {
+  switch (dt) {
+    case AMK_DTYPE_BF16: return AmkBF16::ro(p, i);
+    case AMK_DTYPE_F16: return AmkF16::ro(p, i);
+    default: return AmkF32::ro(p, i);
+  }
+}
+// Store one float into a cache of run-time dtype, rounding to nearest even.
+__device__ __forceinline__ void amk_store_elem(void* p, int dt, int64_t i, float v) {
+  switch (dt) {
+    case AMK_DTYPE_BF16: ((unsigned short*)p)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v)); break;
+    case AMK_DTYPE_F16: ((unsigned short*)p)[i] = __half_as_ushort(__float2half_rn(v)); break;
+    default: ((float*)p)[i] = v; break;
+  }
+}
+
+// 16-byte streaming load of read-only weights: no L1 allocation, L2 evict-first (weights are read once per step).
+__device__ __forceinline__ uint64_t amk_policy_evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint4 amk_ld_stream(const void* ptr, uint64_t pol) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(ptr), "l"(pol));
+  return r;
+}
+
+// Buffer descriptor fields of a task's slot.
+__device__ __forceinline__ const AmkBufDesc& amk_desc(const AmkCtx& c, int slot) { return c.p->bufs[c.ins->buf[slot]]; }
+__device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)amk_desc(c, slot).ptr; }
+__device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return amk_desc(c, slot).dtype; }
+__device__ __forceinline__ bool amk_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }

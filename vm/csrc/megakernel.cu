@@ -1,0 +1,204 @@
+// The AMK megakernel: ONE cooperative persistent launch per decode step.
+//
+// Block b runs queue b (queue_items[queue_offsets[b] : queue_offsets[b+1]]) in order. Per task:
+//   1. copy the instruction POD into shared memory; issue L2 prefetches for the weight ranges of the next
+//      AMK_PREFETCH_DEPTH queued tasks (each range once, at most prefetch_cap bytes); on sm_90 builds with the weight
+//      ring (stream.cuh), thread 0 also fills free ring stages with upcoming weight rows -- weights never wait on
+//      activations;
+//   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
+//      a %globaltimer budget (TIMEOUT names task + counter);
+//   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
+//   4. __syncthreads, then thread 0 release-increments out_counter.
+// Any error writes the status words, raises the abort flag, and every block exits at its next wait.
+//
+// This translation unit includes no torch header: plain nvcc compiles it for sm_80 / sm_90a (CI does, with -c).
+// The host entry points below (extern "C") are what binding.cpp calls.
+#include <stddef.h>
+#include "common.cuh"
+#include "sync.cuh"
+#include "stream.cuh"
+#include "ops_embed_norm.cuh"
+#include "ops_gemv.cuh"
+#include "ops_qkv.cuh"
+#include "ops_attention.cuh"
+#include "ops_misc.cuh"
+
+// Dynamic shared memory (floats) an instruction needs; vm/loader.py mirrors this formula (smem_floats).
+__device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
+  AmkGeom g;
+  const int stash = amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0;
+  switch (in.op) {
+    case AMK_OP_RMSNORM: return amk_pad4(in.ip[AMK_RMSNORM_IP_N]);
+    case AMK_OP_GEMV:
+      return amk_pad4(in.ip[AMK_GEMV_IP_K]) + stash +
+             (in.ip[AMK_GEMV_IP_HAS_RESIDUAL] ? amk_pad4(in.ip[AMK_GEMV_IP_ROW_COUNT]) : 0);
+    case AMK_OP_GEMV_SILU_MUL: return amk_pad4(in.ip[AMK_GEMV_SILU_MUL_IP_K]) + stash;
+    case AMK_OP_QKV_ROPE:
+      return amk_pad4(in.ip[AMK_QKV_ROPE_IP_K]) +
+             amk_pad4(in.ip[AMK_QKV_ROPE_IP_HEAD_COUNT] * in.ip[AMK_QKV_ROPE_IP_HEAD_DIM]) + stash;
+    case AMK_OP_ATTN_DECODE:
+    case AMK_OP_ATTN_PARTIAL: {
+      const int G = in.ip[AMK_ATTN_DECODE_IP_GROUP], D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM];
+      const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
+      return 2 * amk_pad4(G * D) + G * AMK_ATTN_TILE + amk_pad4(amk_attn_rg(D) * GBm * D) + amk_pad4(3 * G);
+    }
+    default: return 0;
+  }
+}
+
+__device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
+  const int op = c.ins->op;
+  const int64_t need = (int64_t)amk_smem_floats(*c.ins) * 4 + AMK_RING_BYTES;
+  if (need > (int64_t)c.p->smem_bytes) {
+    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, (int)need);
+    return;
+  }
+  switch (op) {
+    case AMK_OP_EMBED: amk_op_embed(c); break;
+    case AMK_OP_RMSNORM: amk_op_rmsnorm(c); break;
+    case AMK_OP_GEMV: amk_op_gemv(c); break;
+    case AMK_OP_GEMV_SILU_MUL: amk_op_gemv_silu_mul(c); break;
+    case AMK_OP_QKV_ROPE: amk_op_qkv_rope(c); break;
+    case AMK_OP_ATTN_DECODE: amk_op_attn(c, false); break;
+    case AMK_OP_ATTN_PARTIAL: amk_op_attn(c, true); break;
+    case AMK_OP_ATTN_MERGE: amk_op_attn_merge(c); break;
+    case AMK_OP_ADD: amk_op_add(c); break;
+    case AMK_OP_ARGMAX: amk_op_argmax(c); break;
+    default:
+      if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_OPCODE, c.instr_index);
+      break;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
+  extern __shared__ __align__(128) unsigned char amk_dyn_smem[];  // [ring AMK_RING_BYTES | op area]
+  __shared__ AmkInstr s_ins;
+  __shared__ float s_red[64];
+  __shared__ float s_part[64];
+  __shared__ int s_flag;
+  __shared__ AmkRing s_ring;
+  __shared__ __align__(8) uint64_t s_bars[AMK_STAGES];
+  const int sm = (int)blockIdx.x;
+  if (sm >= p.n_queues) return;
+  const int q0 = p.queue_offsets[sm], q1 = p.queue_offsets[sm + 1];
+  static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
+  constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
+  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
+  __syncthreads();
+  int pf = q0;  // next queue position whose weights have not been L2-prefetched
+  (void)pf;
+  const AmkCtx c{&p, &s_ins, (float*)(amk_dyn_smem + AMK_RING_BYTES), s_red, s_part, &s_flag, sm, 0,
+                 &s_ring, amk_dyn_smem, q1};
+  for (int qi = q0; qi < q1; ++qi) {
+    const int idx = p.queue_items[qi];
+    const int* src = (const int*)(p.instrs + idx);
+    if (amk_tid() < 2 && qi + 1 < q1) {  // the next instruction (2 x 128 B lines) into L1 while this task runs
+      const char* nxt = (const char*)(p.instrs + p.queue_items[qi + 1]) + 128 * amk_tid();
+      asm volatile("prefetch.global.L1 [%0];" :: "l"(nxt));
+    }
+    for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_ins)[i] = __ldg(src + i);
+#if AMK_PREFETCH_DEPTH > 0
+    const int pf_end = (qi + 1 + AMK_PREFETCH_DEPTH) < q1 ? (qi + 1 + AMK_PREFETCH_DEPTH) : q1;
+    for (; pf < pf_end; ++pf) amk_prefetch_instr(p.instrs + p.queue_items[pf], p.prefetch_cap);
+#endif
+    __syncthreads();
+    uint64_t t_begin = 0, t_ready = 0;
+    if (amk_tid() == 0) {
+      if (p.trace) t_begin = amk_globaltimer();
+      amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
+      s_flag = amk_wait_all(p, s_ins, sm);
+      if (p.trace) t_ready = amk_globaltimer();
+    }
+    __syncthreads();
+    if (s_flag) {
+      if (amk_tid() == 0) amk_ring_drain(p, s_ring);
+      return;
+    }
+    const int out_ctr = s_ins.out_counter;
+    AmkCtx ci = c;
+    ci.instr_index = idx;
+    amk_dispatch(ci);
+    __syncthreads();
+    if (s_flag) {
+      if (amk_tid() == 0) amk_ring_drain(p, s_ring);
+      return;
+    }
+    if (amk_tid() == 0) {
+      if (out_ctr >= 0) amk_signal(p.counters + out_ctr);
+      if (p.trace) {
+        uint64_t* t = p.trace + (size_t)idx * AMK_TRACE_WORDS;
+        t[0] = t_begin;
+        t[1] = t_ready;
+        t[2] = amk_globaltimer();
+        t[3] = (uint64_t)sm;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host entry points (no torch): binding.cpp calls these.
+// ---------------------------------------------------------------------------------------------------------------
+static int g_smem_prepared = -1;
+
+extern "C" int amk_prepare(int smem_bytes) {
+  if (smem_bytes <= g_smem_prepared) return 0;
+  const cudaError_t e =
+      cudaFuncSetAttribute(amk_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (e == cudaSuccess) g_smem_prepared = smem_bytes;
+  return (int)e;
+}
+
+extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream) {
+  if (smem_bytes > g_smem_prepared) {
+    const int e = amk_prepare(smem_bytes);
+    if (e) return e;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid, 1, 1);
+  cfg.blockDim = dim3(AMK_THREADS, 1, 1);
+  cfg.dynamicSmemBytes = (size_t)smem_bytes;
+  cfg.stream = (cudaStream_t)stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all blocks co-resident (or the launch fails)
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return (int)cudaLaunchKernelEx(&cfg, amk_megakernel, *p);
+}
+
+extern "C" int amk_occupancy(int smem_bytes, int* blocks_per_sm) {
+  const int e = amk_prepare(smem_bytes);
+  if (e) return e;
+  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, amk_megakernel, AMK_THREADS,
+                                                            (size_t)smem_bytes);
+}
+
+#define AMK_LAYOUT_ROW(S, F, V) {#S, #F, (long long)(V)},
+static const struct {
+  const char* s;
+  const char* f;
+  long long v;
+} kAmkLayout[] = {AMK_LAYOUT_ENTRIES(AMK_LAYOUT_ROW)};
+#undef AMK_LAYOUT_ROW
+
+extern "C" int amk_layout(const char** structs, const char** fields, long long* values, int max_entries) {
+  const int n = (int)(sizeof(kAmkLayout) / sizeof(kAmkLayout[0]));
+  for (int i = 0; i < n && i < max_entries; ++i) {
+    structs[i] = kAmkLayout[i].s;
+    fields[i] = kAmkLayout[i].f;
+    values[i] = kAmkLayout[i].v;
+  }
+  return n;
+}
+
+extern "C" int amk_build_info(int* out, int n) {
+  int rt = 0;
+  cudaRuntimeGetVersion(&rt);
+  const int v[8] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+                    AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA};
+  for (int i = 0; i < n && i < 8; ++i) out[i] = v[i];
+  return 8;
+}
+
+extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

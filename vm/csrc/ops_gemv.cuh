@@ -1,0 +1,307 @@
+// GEMV tiles: GEMV (optional fused RMSNorm on the input, bias, residual) and GEMV_SILU_MUL (gate/up + SiLU*up).
+//
+//   GEMV:          y[r] = (W[r,:] . f(x) + bias[r]) + residual[r]         for r in [r0, r0+rn)
+//   GEMV_SILU_MUL: h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
+//   f(x) = rmsnorm(x) * norm_w if has_norm else x; x: fp32 [K] (staged in smem once per task).
+//
+// Streaming: each warp owns whole rows; lanes read consecutive 16-byte chunks (a warp reads 512 contiguous bytes
+// per load), R rows x U chunks per lane are in flight before the first FMA (~64 KB per block). When a tile has
+// fewer rows than warps, several warps split one row's K range and their partials are summed in warp order.
+// Odd K (K % (16/elem) != 0) takes a scalar path. Every row's sum has a fixed order: results are bit-reproducible.
+#pragma once
+#include "common.cuh"
+#include "ops_embed_norm.cuh"
+#include "stream.cuh"
+
+// acc[r] += sum over this lane's chunks c0, c0+cstep, ... < nc of rows[r][chunk] . xs[chunk]
+// Src: AmkSrcGlobal (ld.global.nc, evict-first) or AmkSrcShared (rows staged in the weight ring).
+template <class T, int R, int U, class Src>
+__device__ __forceinline__ void amk_dot_vec(const char* const (&rows)[R], const float* __restrict__ xs, int nc,
+                                            int c0, int cstep, const Src& src, float (&acc)[R]) {
+  for (int c = c0; c < nc; c += cstep * U) {
+    uint4 v[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cc = c + u * cstep;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        v[r][u] = cc < nc ? src.ld(rows[r] + (size_t)cc * 16) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int cc = c + u * cstep;
+      if (cc < nc) {
+        float xf[T::VE];
+        const float4* x4 = (const float4*)(xs + cc * T::VE);
+#pragma unroll
+        for (int q = 0; q < T::VE / 4; ++q) {
+          const float4 t = x4[q];
+          xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float wf[T::VE];
+          T::unpack(v[r][u], wf);
+#pragma unroll
+          for (int e = 0; e < T::VE; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+        }
+      }
+    }
+  }
+}
+
+// Scalar fallback: elements e0, e0+estep, ... < K.
+template <class T, int R>
+__device__ __forceinline__ void amk_dot_scalar(const char* const (&rows)[R], const float* __restrict__ xs, int K,
+                                               int e0, int estep, float (&acc)[R]) {
+  constexpr int U = 4;
+  for (int e = e0; e < K; e += estep * U) {
+    float w[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ee = e + u * estep;
+#pragma unroll
+      for (int r = 0; r < R; ++r) w[r][u] = ee < K ? T::ro(rows[r], ee) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ee = e + u * estep;
+      if (ee < K) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(w[r][u], xs[ee], acc[r]);
+      }
+    }
+  }
+}
+
+template <class T, int R, int U, class Src>
+__device__ __forceinline__ void amk_dot(const char* const (&rows)[R], const float* xs, int K, bool vec, int lane0,
+                                        int lstep, const Src& src, float (&acc)[R]) {
+  if (vec) amk_dot_vec<T, R, U>(rows, xs, K / T::VE, lane0, lstep, src, acc);
+  else amk_dot_scalar<T, R>(rows, xs, K, lane0, lstep, acc);  // global weights only (odd K is never streamed)
+}
+
+// NM weight matrices (1 = GEMV, 2 = gate/up) with rn rows each, starting at byte pointers W[m] (row stride K elems).
+// epi(r, acc[NM]) is called exactly once per row r in [0, rn) by one thread. No trailing barrier.
+template <class T, int NM, class Src, class Epi>
+__device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const (&W)[NM], int K, int rn,
+                                              const float* xs, const Src& src, Epi epi) {
+  const int warp = amk_warp(), lane = amk_lane();
+  const size_t rs = (size_t)K * T::BYTES;
+  bool vec = (K % T::VE) == 0;
+#pragma unroll
+  for (int m = 0; m < NM; ++m) vec = vec && amk_aligned16(W[m]);
+  int wpr = rn > 0 ? AMK_NWARPS / rn : 1;  // warps per row
+  if (wpr <= 1) {
+    if constexpr (NM == 1) {
+      for (int r = warp; r < rn; r += 2 * AMK_NWARPS) {  // warp-uniform: rows r and r + NWARPS together
+        const int r2 = r + AMK_NWARPS;
+        if (r2 < rn) {
+          const char* rows[2] = {W[0] + r * rs, W[0] + r2 * rs};
+          float acc[2] = {0.f, 0.f};
+          amk_dot<T, 2, AMK_U2>(rows, xs, K, vec, lane, 32, src, acc);
+          acc[0] = amk_warp_sum(acc[0]);
+          acc[1] = amk_warp_sum(acc[1]);
+          if (lane == 0) {
+            const float a0[1] = {acc[0]}, a1[1] = {acc[1]};
+            epi(r, a0);
+            epi(r2, a1);
+          }
+        } else {
+          const char* rows[1] = {W[0] + r * rs};
+          float acc[1] = {0.f};
+          amk_dot<T, 1, AMK_U1>(rows, xs, K, vec, lane, 32, src, acc);
+          acc[0] = amk_warp_sum(acc[0]);
+          if (lane == 0) epi(r, acc);
+        }
+      }
+    } else {
+      for (int r = warp; r < rn; r += AMK_NWARPS) {
+        const char* rows[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) rows[m] = W[m] + r * rs;
+        float acc[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) acc[m] = 0.f;
+        amk_dot<T, NM, AMK_U2>(rows, xs, K, vec, lane, 32, src, acc);
+#pragma unroll
+        for (int m = 0; m < NM; ++m) acc[m] = amk_warp_sum(acc[m]);
+        if (lane == 0) epi(r, acc);
+      }
+    }
+  } else {
+    // Split K: warp group g = warp / wpr owns row g; sub-warp `sub` takes chunks sub*32 + lane + k*32*wpr.
+    const int g = warp / wpr, sub = warp - g * wpr;
+    float acc[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) acc[m] = 0.f;
+    if (g < rn) {
+      const char* rows[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) rows[m] = W[m] + g * rs;
+      amk_dot<T, NM, (NM == 1 ? AMK_U1 : AMK_U2)>(rows, xs, K, vec, sub * 32 + lane, 32 * wpr, src, acc);
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      acc[m] = amk_warp_sum(acc[m]);
+      if (lane == 0) c.part[warp * NM + m] = acc[m];
+    }
+    __syncthreads();
+    const int r = amk_tid();
+    if (r < rn) {
+      float s[NM];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        s[m] = 0.f;
+        for (int j = 0; j < wpr; ++j) s[m] += c.part[(r * wpr + j) * NM + m];
+      }
+      epi(r, s);
+    }
+  }
+}
+
+template <class F>
+__device__ __forceinline__ void amk_dispatch_dtype(int dt, F f) {
+  switch (dt) {
+    case AMK_DTYPE_BF16: f(AmkBF16()); break;
+    case AMK_DTYPE_F16: f(AmkF16()); break;
+    default: f(AmkF32()); break;
+  }
+}
+
+// Rows [0, g.rows) of a streamed task, stage by stage from the weight ring. Within a stage, warp group gi = warp/wpr
+// owns rows gi, gi + NW/wpr, ...; its wpr warps split the row's K range. Each (row, matrix, sub-warp) partial goes to
+// stash[(r*NM + m)*wpr + sub] (no barrier per row); after the last stage the partials are summed in fixed order and
+// epi(r, acc[NM]) runs once per row -- one round of epilogue latency per task, two barriers per stage.
+// Returns false if the block must stop (abort flag set; the kernel loop drains the ring and exits).
+template <class T, int NM, class Epi>
+__device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom& g, int K, const float* xs,
+                                                  float* stash, Epi epi) {
+  AmkRing& R = *c.ring;
+  const int warp = amk_warp(), lane = amk_lane();
+  const int wpr = amk_stream_wpr(g), groups = AMK_NWARPS / wpr, gi = warp / wpr, sub = warp - gi * wpr;
+  const int nc = K / T::VE;
+  uint32_t seq = R.consumed;  // all threads: stable since the last barrier
+  for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++seq) {
+    const int n = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
+    if (amk_tid() == 0 && amk_ring_wait(*c.p, R, seq, *c.ins, c.sm)) *c.flag = 1;
+    __syncthreads();
+    if (*c.flag) return false;
+    while (!amk_mbar_try(R.bar + 8u * (seq % AMK_STAGES), (seq / AMK_STAGES) & 1u)) {}  // this thread's acquire
+    const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
+    if (gi < groups) {
+      for (int r = gi; r < n; r += groups) {
+        const char* rows[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) rows[m] = st + ((size_t)m * n + r) * g.row_bytes;
+        float acc[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) acc[m] = 0.f;
+        amk_dot_vec<T, NM, (NM == 1 ? AMK_U1 : AMK_U2)>(rows, xs, nc, sub * 32 + lane, 32 * wpr, AmkSrcShared{}, acc);
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+          acc[m] = amk_warp_sum(acc[m]);
+          if (lane == 0) stash[((r0 + r) * NM + m) * wpr + sub] = acc[m];
+        }
+      }
+    }
+    __syncthreads();  // every thread is done with the stage (and its stash writes are visible)
+    if (amk_tid() == 0) {
+      R.consumed = seq + 1;
+      amk_ring_pump(*c.p, R, c.q1);
+    }
+  }
+  for (int r = amk_tid(); r < g.rows; r += AMK_THREADS) {
+    float a[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      a[m] = 0.f;
+      for (int j = 0; j < wpr; ++j) a[m] += stash[(r * NM + m) * wpr + j];
+    }
+    epi(r, a);
+  }
+  return true;
+}
+
+// Rows [0, rn) of W (byte pointers W[m] at row 0), from the ring if the task streams, else straight from global.
+// stash: the op's smem scratch of amk_stash_floats(g) floats (streamed tasks only).
+template <class T, int NM, class Epi>
+__device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const (&W)[NM], int K, int rn,
+                                              const float* xs, float* stash, Epi epi) {
+  AmkGeom g;
+  if (amk_stream_geom(*c.ins, g)) {
+    amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
+  } else {
+    amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
+  }
+}
+
+// Per-dtype bodies are separate (noinline) functions: each gets its own register allocation.
+// res_s: the task's residual rows staged in smem (null without residual).
+template <class T>
+__device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
+                                           const char* wbase, const void* bias, int bias_dt, const float* res_s,
+                                           float* y) {
+  const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
+  amk_gemv_rows<T, 1>(c, W, K, rn, xs, c.smem + amk_pad4(K), [&](int r, const float (&a)[1]) {
+    float v = a[0];
+    if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
+    if (res_s) v += res_s[r];
+    y[r0 + r] = v;
+  });
+}
+
+__device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT], K = in.ip[AMK_GEMV_IP_K];
+  const bool has_norm = in.ip[AMK_GEMV_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_GEMV_IP_HAS_BIAS] != 0,
+             has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0;
+  int s = AMK_GEMV_N_REQUIRED_IN;
+  const int s_norm = has_norm ? s++ : -1, s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
+  float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks) | residual rows [pad4(rn)] (has_residual)
+  AmkGeom g;
+  float* res_s = has_res ? xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0) : nullptr;
+  if (has_res) {  // issued together with the x loads below: one round trip instead of one more at the end
+    const float* res = (const float*)amk_ptr(c, s_res);
+    for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
+  }
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
+              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier
+  const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
+  const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
+  float* y = (float*)amk_ptr(c, s_y);
+  const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
+  amk_dispatch_dtype(amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
+    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y);
+  });
+}
+
+__device__ __forceinline__ float amk_silu(float g) { return g / (1.0f + expf(-g)); }
+
+template <class T>
+__device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int r0, int rn, int K, const char* g0,
+                                           const char* u0, float* h) {
+  const size_t off = (size_t)r0 * K * T::BYTES;
+  const char* W[2] = {g0 + off, u0 + off};
+  amk_gemv_rows<T, 2>(c, W, K, rn, xs, c.smem + amk_pad4(K),
+                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu(a[0]) * a[1]; });
+}
+
+__device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int r0 = in.ip[AMK_GEMV_SILU_MUL_IP_ROW_START], rn = in.ip[AMK_GEMV_SILU_MUL_IP_ROW_COUNT];
+  const int K = in.ip[AMK_GEMV_SILU_MUL_IP_K];
+  const bool has_norm = in.ip[AMK_GEMV_SILU_MUL_IP_HAS_NORM] != 0;
+  int s = AMK_GEMV_SILU_MUL_N_REQUIRED_IN;
+  const int s_norm = has_norm ? s++ : -1, s_h = s;
+  float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
+              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
+  float* h = (float*)amk_ptr(c, s_h);
+  const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
+  const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);
+  // gate and up share the program's dtype; the gate's descriptor decides.
+  amk_dispatch_dtype(amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE), [&](auto tag) {
+    amk_silu_body<decltype(tag)>(c, xs, r0, rn, K, g0, u0, h);
+  });
+}

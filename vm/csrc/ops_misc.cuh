@@ -1,0 +1,59 @@
+// ADD and ARGMAX.
+//   ADD:    y[s:s+n] = a[s:s+n] + b[s:s+n]                         (fp32 activations)
+//   ARGMAX: token[0] = argmax(logits[0:n]); ties -> first index; NaN counts as the maximum (like torch.argmax)
+#pragma once
+#include <limits.h>
+#include "common.cuh"
+
+__device__ __noinline__ void amk_op_add(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int s = in.ip[AMK_ADD_IP_START], n = in.ip[AMK_ADD_IP_COUNT];
+  const float* a = (const float*)amk_ptr(c, AMK_ADD_IN_A);
+  const float* b = (const float*)amk_ptr(c, AMK_ADD_IN_B);
+  float* y = (float*)amk_ptr(c, AMK_ADD_N_REQUIRED_IN);
+  for (int i = amk_tid(); i < n; i += AMK_THREADS) y[s + i] = __ldcg(a + s + i) + __ldcg(b + s + i);
+}
+
+// (va, ia) beats (vb, ib)? A total order, so the block result does not depend on the reduction order.
+__device__ __forceinline__ bool amk_argmax_better(float va, int ia, float vb, int ib) {
+  const bool na = va != va, nb = vb != vb;
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+__device__ __noinline__ void amk_op_argmax(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int n = in.ip[AMK_ARGMAX_IP_N];
+  const float* logits = (const float*)amk_ptr(c, AMK_ARGMAX_IN_LOGITS);
+  int* token = (int*)amk_ptr(c, AMK_ARGMAX_N_REQUIRED_IN);
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i0 = amk_tid(); i0 < n; i0 += AMK_THREADS * 8) {  // 8 loads in flight per thread
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * AMK_THREADS;
+      v[u] = i < n ? __ldcg(logits + i) : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * AMK_THREADS;
+      if (i < n && amk_argmax_better(v[u], i, bv, bi)) { bv = v[u]; bi = i; }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (amk_argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+  }
+  int* ri = (int*)c.part;  // [NWARPS] indices, values in red
+  if (amk_lane() == 0) { c.red[amk_warp()] = bv; ri[amk_warp()] = bi; }
+  __syncthreads();
+  if (amk_tid() == 0) {
+    for (int w = 1; w < AMK_NWARPS; ++w)
+      if (amk_argmax_better(c.red[w], ri[w], bv, bi)) { bv = c.red[w]; bi = ri[w]; }
+    token[0] = bi == INT_MAX ? 0 : bi;
+  }
+}

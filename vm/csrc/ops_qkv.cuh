@@ -1,0 +1,92 @@
+// QKV_ROPE: one projection tile of hn heads (rows [h0*hd, (h0+hn)*hd) of W), fused with the input RMSNorm, bias,
+// per-head QK-norm (Qwen3), RoPE (rotate-half, pairs (i, i+hd/2), angle = float(pos) * inv_freq[i]) and the write:
+//   mode Q: q[(h0+h)*hd + d] (fp32 activation)
+//   mode K/V: cache[h0+h, pos, d] in the cache dtype (round to nearest even); V gets no norm and no RoPE.
+// pos is checked against [0, max_seq): BAD_INPUT otherwise (no write).
+// smem: xs[pad4(K)] | ys[pad4(hn*hd)] | stash (streamed tasks, see ops_gemv.cuh)
+#pragma once
+#include "common.cuh"
+#include "ops_gemv.cuh"
+
+// ys[r] = W[row0 + r, :] . xs + bias[row0 + r]   (r < rows), per-dtype body with its own register allocation
+template <class T>
+__device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs, int row0, int rows, int K,
+                                               const char* wbase, const void* bias, int bias_dt, float* ys) {
+  const char* W[1] = {wbase + (size_t)row0 * K * T::BYTES};
+  amk_gemv_rows<T, 1>(c, W, K, rows, xs, ys + amk_pad4(rows), [&](int r, const float (&a)[1]) {
+    float v = a[0];
+    if (bias) v += amk_ldw(bias, bias_dt, row0 + r);
+    ys[r] = v;
+  });
+}
+
+__device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int mode = in.ip[AMK_QKV_ROPE_IP_MODE], h0 = in.ip[AMK_QKV_ROPE_IP_HEAD_START];
+  const int hn = in.ip[AMK_QKV_ROPE_IP_HEAD_COUNT], hd = in.ip[AMK_QKV_ROPE_IP_HEAD_DIM];
+  const int K = in.ip[AMK_QKV_ROPE_IP_K], S = in.ip[AMK_QKV_ROPE_IP_MAX_SEQ];
+  const bool has_norm = in.ip[AMK_QKV_ROPE_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_QKV_ROPE_IP_HAS_BIAS] != 0;
+  const bool has_qkn = in.ip[AMK_QKV_ROPE_IP_HAS_QKNORM] != 0;
+  int s = AMK_QKV_ROPE_N_REQUIRED_IN;
+  const int s_norm = has_norm ? s++ : -1, s_bias = has_bias ? s++ : -1, s_qkn = has_qkn ? s++ : -1, s_dst = s;
+
+  const int pos = __ldcg((const int*)amk_ptr(c, AMK_QKV_ROPE_IN_POS));
+  if (pos < 0 || pos >= S) {
+    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
+    return;
+  }
+  float* xs = c.smem;
+  float* ys = xs + amk_pad4(K);
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
+              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_QKV_ROPE_FP_EPS]);
+  const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
+  const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
+  const int row0 = h0 * hd;
+  const char* wbase = (const char*)amk_ptr(c, AMK_QKV_ROPE_IN_W);
+  amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
+    amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys);
+  });
+  __syncthreads();
+  if (*c.flag) return;  // the weight ring reported an error (uniform after the barrier)
+
+  const void* qkn = has_qkn ? amk_ptr(c, s_qkn) : nullptr;
+  const int qkn_dt = has_qkn ? amk_dtype(c, s_qkn) : 0;
+  const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);  // CONST fp32 [hd/2]
+  const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
+  void* dst = amk_ptr(c, s_dst);
+  const int dst_dt = amk_dtype(c, s_dst);
+  const float qk_eps = in.fp[AMK_QKV_ROPE_FP_QK_EPS];
+  const int half = hd >> 1, lane = amk_lane();
+  for (int h = amk_warp(); h < hn; h += AMK_NWARPS) {  // one warp per head
+    float* y = ys + h * hd;
+    // element index of (head h0+h, dim 0) in the destination
+    const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)(h0 + h) * hd : ((int64_t)(h0 + h) * S + pos) * hd;
+    if (mode == AMK_QKV_MODE_V) {
+      for (int d = lane; d < hd; d += 32) amk_store_elem(dst, dst_dt, base + d, y[d]);
+      continue;
+    }
+    if (qkn) {
+      float ss = 0.f;
+      for (int d = lane; d < hd; d += 32) ss += y[d] * y[d];
+      ss = amk_warp_sum(ss);
+      const float r = 1.0f / sqrtf(ss / (float)hd + qk_eps);
+      for (int d = lane; d < hd; d += 32) y[d] = (y[d] * r) * amk_ldw(qkn, qkn_dt, d);
+      __syncwarp();
+    }
+    for (int i = lane; i < half; i += 32) {
+      const float a = y[i], b = y[i + half];
+      const float ang = __fmul_rn((float)pos, amk_ldw(inv_freq, inv_dt, i));
+      float sn, cs;
+      sincosf(ang, &sn, &cs);
+      const float o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+      const float o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+      if (mode == AMK_QKV_MODE_Q) {
+        ((float*)dst)[base + i] = o1;
+        ((float*)dst)[base + i + half] = o2;
+      } else {
+        amk_store_elem(dst, dst_dt, base + i, o1);
+        amk_store_elem(dst, dst_dt, base + i + half, o2);
+      }
+    }
+  }
+}

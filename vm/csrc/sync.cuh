@@ -1,0 +1,81 @@
+// Inter-block synchronisation of the megakernel: acquire waits with backoff + timeout, release increments,
+// and L2 weight prefetch issued before a block spins (weights never wait on activations).
+//
+// Protocol (schedule/ir.py): counters start at 0 each launch. Producer: __syncthreads(); thread 0 does a
+// gpu-scope release add (cumulative over the block's writes ordered by the barrier). Consumer: thread 0 spins
+// with gpu-scope acquire loads until counter >= threshold, then __syncthreads(); data is then read with __ldcg.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ int amk_ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int amk_ld_relaxed(const int32_t* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void amk_signal(int32_t* p) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(1) : "memory");
+}
+__device__ __forceinline__ uint64_t amk_globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 only. Returns 1 if the block must stop (abort flag seen, or this wait timed out and was reported).
+__device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, int sm) {
+  if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
+  const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
+  for (int w = 0; w < nw; ++w) {
+    const int c = in.wait_counter[w], thr = in.wait_threshold[w];
+    const int32_t* ctr = p.counters + c;
+    if (amk_ld_acquire(ctr) >= thr) continue;
+    const uint64_t t0 = amk_globaltimer();
+    unsigned ns = 16;
+    for (;;) {
+      __nanosleep(ns);
+      if (ns < 128) ns <<= 1;
+      if (amk_ld_acquire(ctr) >= thr) break;
+      if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
+      if ((int64_t)(amk_globaltimer() - t0) > p.timeout_ns) {
+        amk_report(p, AMK_ERR_TIMEOUT, in.task_id, in.op, c, sm);
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+// Block-wide: ask L2 to fetch the first `cap` bytes of each of an instruction's weight ranges.
+__device__ __forceinline__ void amk_prefetch_instr(const AmkInstr* in, int64_t cap) {
+  if (cap <= 0) return;
+  const int nr = __ldg((const long long*)&in->prefetch_bytes[1]) > 0 ? 2 : 1;
+#pragma unroll
+  for (int k = 0; k < AMK_MAX_PREFETCH; ++k) {
+    if (k >= nr) break;
+    const uint64_t ptr = __ldg((const unsigned long long*)&in->prefetch_ptr[k]);
+    int64_t bytes = (int64_t)__ldg((const long long*)&in->prefetch_bytes[k]);
+    if (ptr == 0 || bytes <= 0) continue;
+    if (bytes > cap / nr) bytes = cap / nr;
+    const uint64_t base = (ptr + 15) & ~15ull;  // 16-byte aligned, inside the range
+    bytes = (int64_t)(((ptr + (uint64_t)bytes) & ~15ull) - base);
+    if (bytes <= 0) continue;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int64_t CH = 4096;  // one bulk prefetch per 4 KB
+    const int64_t n = (bytes + CH - 1) / CH;
+    for (int64_t i = amk_tid(); i < n; i += AMK_THREADS) {
+      const int64_t off = i * CH;
+      const unsigned sz = (unsigned)((bytes - off) < CH ? (bytes - off) : CH);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + off), "r"(sz) : "memory");
+    }
+#else
+    const int64_t n = (bytes + 127) / 128;  // one prefetch per 128-byte line
+    for (int64_t i = amk_tid(); i < n; i += AMK_THREADS)
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(base + i * 128));
+#endif
+  }
+}

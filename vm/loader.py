@@ -1,0 +1,571 @@
+"""MegakernelVM: packs a MegakernelProgram into the POD tables of vm/abi.py, uploads it once, and runs one
+cooperative persistent launch per decode step.
+
+    vm = MegakernelVM(program, weights)                 # validate, JIT build, layout check, upload
+    logits = vm.step(token, pos)                        # device fp32 [vocab] (live buffer: clone() to keep it)
+    toks = vm.decode(first_token, start_pos, n_tokens)  # greedy, zero host syncs per token (one per chunk)
+    out = vm.decode_device(n, first_token, start_pos)   # same on the device only (CUDA-graph replay if prepared)
+    tr = vm.trace_step()                                # per-task %globaltimer stamps (wait begin, ready, end, SM)
+
+Build knobs come from ``program.config`` (threads_per_block, prefetch_depth) and can be overridden; ``tma=True``
+selects the sm_90 bulk-copy weight ring (vm/csrc/stream.cuh, opt-in), ``prefetch_fraction`` the L2 share of the
+look-ahead prefetch window. Errors raised by a launch name the task, opcode, SM and, for timeouts, the counter.
+
+Device state (all allocated once): weights (tied ones share storage), KV caches zeroed in their dtype, CONST
+tables from ``Buffer.data``, fp32 activations, the instruction / queue / buffer-descriptor tables, and one int32
+``sync`` tensor = counters | status words (a single memset resets both before a step).
+The pure functions ``pack_instructions``, ``pack_buffers``, ``pack_queues``, ``smem_floats`` and ``check_layout``
+run on CPU (tests use them without a GPU).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from schedule.ir import BufferKind, DType, MegakernelProgram
+from schedule.ops import accesses, weight_ranges
+from vm import abi
+
+KIND_CODES = {BufferKind.WEIGHT: 0, BufferKind.ACTIVATION: 1, BufferKind.KV_CACHE: 2, BufferKind.IO_INPUT: 3,
+              BufferKind.IO_OUTPUT: 4, BufferKind.CONST: 5}
+STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
+ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
+STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
+STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
+L2_PREFETCH_FRACTION = 0.5     # default share of L2 the look-ahead prefetch window may take (all blocks)
+
+
+class MegakernelError(RuntimeError):
+    """A program the GPU VM refuses or a launch that failed (the message names task, opcode, counter or field)."""
+
+
+class AbiMismatchError(MegakernelError):
+    """The built extension's struct layout differs from vm/abi.py."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Pure packing helpers (CPU)
+# ------------------------------------------------------------------------------------------------------------------
+def check_layout(reported: dict, expected: dict) -> None:
+    """Raise AbiMismatchError naming struct and field if ``reported`` (extension) != ``expected`` (vm.abi)."""
+    errs = []
+    for sname, fields in expected.items():
+        got = reported.get(sname)
+        if got is None:
+            errs.append(f"struct {sname} missing from the built extension")
+            continue
+        for f, v in fields.items():
+            if f not in got:
+                errs.append(f"{sname}.{f} missing from the built extension")
+            elif int(got[f]) != int(v):
+                what = "sizeof" if f == "sizeof" else "offset"
+                errs.append(f"{sname}.{f}: {what} {int(got[f])} in the built extension, {int(v)} in vm/abi.py")
+        for f in got:
+            if f not in fields:
+                errs.append(f"{sname}.{f} present in the built extension but not in vm/abi.py")
+    for sname in reported:
+        if sname not in expected:
+            errs.append(f"struct {sname} present in the built extension but not in vm/abi.py")
+    if errs:
+        raise AbiMismatchError("ABI layout mismatch (regenerate vm/csrc/amk_abi.h with `python -m vm.abi` and "
+                               "rebuild): " + "; ".join(errs))
+
+
+def device_dtype(b) -> DType:
+    """Storage dtype on the device: weights / KV / CONST keep theirs; activations and outputs are fp32 (ints stay)."""
+    if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE, BufferKind.CONST):
+        return b.dtype
+    return DType.I32 if b.dtype == DType.I32 else DType.F32
+
+
+def _attn_rg(hd: int, threads: int) -> int:
+    r = threads // max(1, hd // 2)
+    return max(1, min(ATTN_RGMAX, r))
+
+
+def _attn_gb(threads: int) -> int:
+    return 4 if threads >= 1024 else 8
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _stream_rows(task) -> int:
+    p = task.params
+    return int(p["head_count"]) * int(p["head_dim"]) if task.op == "QKV_ROPE" else int(p["row_count"])
+
+
+def stash_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int:
+    """Per-warp partials of a task streamed through the weight ring (mirror of amk_stash_floats); 0 if it is not."""
+    nmat = STREAM_OPS.get(task.op, 0)
+    row_bytes = int(task.params.get("k", 0)) * weight_bytes
+    if not (stage_bytes and nmat and row_bytes and row_bytes % 16 == 0 and nmat * row_bytes <= stage_bytes):
+        return 0
+    sr = stage_bytes // (nmat * row_bytes)
+    nw = threads // 32
+    wpr = 1 if sr >= nw else nw // sr
+    return _pad4(_stream_rows(task) * nmat * wpr)
+
+
+def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0) -> int:
+    """Dynamic shared memory (floats) of a task's op area -- mirror of amk_smem_floats in vm/csrc/megakernel.cu.
+    weight_bytes / stage_bytes: the weight dtype size and ring stage size (0 = no ring) for the stash term."""
+    p = task.params
+    stash = stash_floats(task, threads, weight_bytes, stage_bytes)
+    if task.op == "RMSNORM":
+        return _pad4(int(p["n"]))
+    if task.op == "GEMV":  # x | stash | staged residual rows
+        return _pad4(int(p["k"])) + stash + (_pad4(int(p["row_count"])) if int(p.get("has_residual", 0)) else 0)
+    if task.op == "GEMV_SILU_MUL":
+        return _pad4(int(p["k"])) + stash
+    if task.op == "QKV_ROPE":
+        return _pad4(int(p["k"])) + _pad4(int(p["head_count"]) * int(p["head_dim"])) + stash
+    if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+        G, D = int(p["group"]), int(p["head_dim"])
+        rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
+        return 2 * _pad4(G * D) + G * ATTN_TILE + _pad4(rg * gb * D) + _pad4(3 * G)
+    return 0
+
+
+def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
+    """L2 prefetch bytes per look-ahead task: the window (depth tasks per block) fits in a share of L2
+    (``fraction``, default $AMK_L2_PREFETCH_FRACTION or 0.5)."""
+    if fraction is None:
+        fraction = float(os.environ.get("AMK_L2_PREFETCH_FRACTION", L2_PREFETCH_FRACTION))
+    if depth <= 0 or grid <= 0:
+        return 0
+    return int(l2_bytes * fraction / grid / depth) // 16 * 16
+
+
+def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], int] | None = None,
+                      stage_bytes: int = 0) -> np.ndarray:
+    """One INSTR_DTYPE record per task (index = position in program.tasks). ``buffer_ptr(id)`` gives device
+    addresses for the exact weight ranges (None: ranges left empty). ``stage_bytes`` > 0 (a build with the weight
+    ring) sets INSTR_FLAG_STREAM on GEMV-family tasks whose rows are 16-byte multiples and fit a stage."""
+    bufs = program.buffers
+    numel = lambda i: bufs[i].numel  # noqa: E731
+    out = np.zeros(len(program.tasks), dtype=abi.INSTR_DTYPE)
+    for i, t in enumerate(program.tasks):
+        spec = abi.OPCODES.get(t.op)
+        if spec is None:
+            raise MegakernelError(f"task {t.id}: unknown opcode {t.op!r}")
+        if len(t.waits) > abi.MAX_WAITS:
+            raise MegakernelError(f"task {t.id} ({t.op}): {len(t.waits)} waits > MAX_WAITS {abi.MAX_WAITS}")
+        slots = list(t.inputs) + list(t.outputs)
+        if len(slots) > abi.MAX_BUFS:
+            raise MegakernelError(f"task {t.id} ({t.op}): {len(slots)} buffers > MAX_BUFS {abi.MAX_BUFS}")
+        r = out[i]
+        r["op"], r["out_counter"], r["n_waits"], r["n_bufs"] = spec.code, t.out_counter, len(t.waits), len(slots)
+        for k, w in enumerate(t.waits):
+            r["wait_counter"][k], r["wait_threshold"][k] = w.counter, w.threshold
+        r["buf"][:len(slots)] = slots
+        r["ip"][:len(spec.iparams)] = [int(t.params.get(n, 0)) for n in spec.iparams]
+        r["fp"][:len(spec.fparams)] = [float(t.params.get(n, 0.0)) for n in spec.fparams]
+        r["task_id"] = t.id
+        if buffer_ptr is None:
+            continue
+        ranges = [a for a in weight_ranges(t, numel) if a.slot != "table"][:abi.MAX_PREFETCH]
+        for k, a in enumerate(ranges):
+            es = bufs[a.buffer].dtype.nbytes
+            r["prefetch_ptr"][k] = buffer_ptr(a.buffer) + a.lo * es
+            r["prefetch_bytes"][k] = (a.hi - a.lo) * es
+        nmat = STREAM_OPS.get(t.op, 0)
+        if stage_bytes > 0 and nmat and len(ranges) == nmat:
+            row_bytes = int(t.params["k"]) * bufs[ranges[0].buffer].dtype.nbytes
+            if (row_bytes % 16 == 0 and nmat * row_bytes <= stage_bytes
+                    and all(int(x) % 16 == 0 for x in r["prefetch_ptr"][:nmat])):
+                r["flags"] |= abi.INSTR_FLAG_STREAM
+    return out
+
+
+def pack_queues(program: MegakernelProgram) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets int32 [n_queues+1], items int32 [n_tasks]): CSR of the per-SM queues as instruction indices."""
+    index = {t.id: i for i, t in enumerate(program.tasks)}
+    items = [index[tid] for q in program.queues for tid in q]
+    offs = np.zeros(len(program.queues) + 1, dtype=np.int32)
+    offs[1:] = np.cumsum([len(q) for q in program.queues])
+    return offs, np.asarray(items, dtype=np.int32)
+
+
+def pack_buffers(program: MegakernelProgram, buffer_ptr: Callable[[int], int]) -> np.ndarray:
+    out = np.zeros(len(program.buffers), dtype=abi.BUFDESC_DTYPE)
+    for i, b in enumerate(program.buffers):
+        out[i]["ptr"], out[i]["numel"] = buffer_ptr(b.id), b.numel
+        out[i]["dtype"], out[i]["kind"] = abi.DTYPE_CODES[device_dtype(b).value], KIND_CODES[b.kind]
+    return out
+
+
+def static_checks(program: MegakernelProgram) -> None:
+    """Safety checks that hold even with check=False: ids, caps, every access inside its buffer, queue indices."""
+    nb, nc = len(program.buffers), len(program.counters)
+    for i, b in enumerate(program.buffers):
+        if b.id != i:
+            raise MegakernelError(f"buffer {b.name!r}: id {b.id} != position {i}")
+    ids = {t.id for t in program.tasks}
+    for q, queue in enumerate(program.queues):
+        for tid in queue:
+            if tid not in ids:
+                raise MegakernelError(f"queue {q}: unknown task id {tid}")
+    numel = lambda i: program.buffers[i].numel  # noqa: E731
+    for t in program.tasks:
+        for bid in list(t.inputs) + list(t.outputs):
+            if not 0 <= bid < nb:
+                raise MegakernelError(f"task {t.id} ({t.op}): buffer id {bid} out of range")
+        for c in [w.counter for w in t.waits] + ([t.out_counter] if t.out_counter >= 0 else []):
+            if not 0 <= c < nc:
+                raise MegakernelError(f"task {t.id} ({t.op}): counter {c} out of range [0, {nc})")
+        if t.op not in abi.OPCODES:
+            raise MegakernelError(f"task {t.id}: unknown opcode {t.op!r}")
+        try:
+            acc = accesses(t, numel)
+        except (KeyError, ValueError, TypeError) as e:
+            raise MegakernelError(f"task {t.id} ({t.op}): bad params ({e})") from None
+        for a in acc:
+            if a.lo < 0 or a.hi > numel(a.buffer):
+                b = program.buffers[a.buffer]
+                raise MegakernelError(f"task {t.id} ({t.op}): slot {a.slot} reads/writes [{a.lo}, {a.hi}) of buffer "
+                                      f"{b.id} '{b.name}' with {b.numel} elements")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The VM
+# ------------------------------------------------------------------------------------------------------------------
+class MegakernelVM:
+    """One program on one GPU. See the module docstring."""
+
+    def __init__(self, program: MegakernelProgram, weights: dict[str, Any], device: str = "cuda",
+                 timeout_s: float = 2.0, check: bool = True, threads: int | None = None,
+                 prefetch_depth: int | None = None, tma: bool | None = None,
+                 prefetch_fraction: float | None = None):
+        import torch
+        from vm import jit
+        if check:
+            from schedule.ir import validate
+            res = validate(program)
+            if not res.ok:
+                raise MegakernelError("program rejected by validate():\n" + res.report())
+        static_checks(program)
+        self.program = program
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise MegakernelError(f"MegakernelVM needs a CUDA device, got {device!r}")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.timeout_s = float(timeout_s)
+        t_cfg, d_cfg = jit.knobs_from_config(program.config)
+        self.threads = int(threads if threads is not None else t_cfg)
+        self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else d_cfg)
+        props = torch.cuda.get_device_properties(self.device)
+        self.grid = len(program.queues)
+        if self.grid < 1:
+            raise MegakernelError("program has no queues")
+        # -- build: the weight ring (sm_90+) shrinks or goes away where it does not fit next to the op area -------
+        with torch.cuda.device(self.device):
+            arch = jit.device_arch(self.device.index)
+        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma)
+        wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
+        need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0) * 4, t)
+                for t in program.tasks]
+        op_smem = max([16] + [n for n, _ in need])
+        optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
+        if op_smem + STATIC_SMEM_RESERVE > optin:
+            n, t = max(need, key=lambda x: x[0])
+            raise MegakernelError(f"task {t.id} ({t.op}) needs {n} B of dynamic shared memory; the device allows "
+                                  f"{optin - STATIC_SMEM_RESERVE} B per block (opt-in {optin} B minus static use)")
+        with torch.cuda.device(self.device):
+            if spec.tma:
+                fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
+                if fit < spec.stages:
+                    spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
+                                        stages=max(2, min(fit, spec.stages)))
+                    if not spec.tma:   # no ring after all: op area without stash terms
+                        op_smem = max([16] + [smem_floats(t, self.threads) * 4 for t in program.tasks])
+            self.ext = jit.build(spec)
+        self.spec = spec
+        self.build_stats = dict(jit.LAST_BUILD)
+        check_layout(self.ext.layout(), abi.layout_table())
+        info = self.ext.build_info()
+        self.build_info = info
+        if (info["threads"], info["prefetch_depth"], info["status_len"]) != (self.threads, self.prefetch_depth,
+                                                                             STATUS_LEN):
+            raise MegakernelError(f"extension build info {info} does not match threads={self.threads}, "
+                                  f"prefetch_depth={self.prefetch_depth}, status_len={STATUS_LEN}")
+        self.ring_bytes = int(info.get("ring_bytes", 0))
+        self._alloc(weights)
+        # -- launch geometry ----------------------------------------------------------------------------------
+        self.smem_bytes = self.ring_bytes + op_smem
+        with torch.cuda.device(self.device):
+            self.ext.prepare(self.smem_bytes)
+            per_sm = int(self.ext.occupancy(self.smem_bytes))
+        self.max_grid = per_sm * props.multi_processor_count
+        if self.grid > self.max_grid:
+            raise MegakernelError(f"grid of {self.grid} blocks (one per queue) exceeds the co-resident limit "
+                                  f"{self.max_grid} ({per_sm} block(s)/SM x {props.multi_processor_count} SMs at "
+                                  f"{self.threads} threads, {self.smem_bytes} B smem)")
+        # -- tables ---------------------------------------------------------------------------------------------
+        l2 = int(getattr(props, "L2_cache_size", 0) or program.target.l2_bytes)
+        self.prefetch_cap = prefetch_cap_bytes(l2, self.grid, self.prefetch_depth, prefetch_fraction)
+        ptr = lambda bid: int(self.tensors[bid].data_ptr())  # noqa: E731
+        self.instrs_np = pack_instructions(program, ptr, int(info["stage_bytes"]) if self.ring_bytes else 0)
+        self.n_streamed = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_STREAM) != 0).sum())
+        offs, items = pack_queues(program)
+        self.bufs_np = pack_buffers(program, ptr)
+        dev = self.device
+        self.instrs = torch.from_numpy(self.instrs_np.view(np.uint8).copy()).to(dev)
+        self.bufs = torch.from_numpy(self.bufs_np.view(np.uint8).copy()).to(dev)
+        self.queue_offsets = torch.from_numpy(offs).to(dev)
+        self.queue_items = torch.from_numpy(items if len(items) else np.zeros(1, np.int32)).to(dev)
+        self.n_counters = len(program.counters)
+        self.status_offset = _pad4(max(1, self.n_counters))
+        self.sync = torch.zeros(self.status_offset + STATUS_LEN, dtype=torch.int32, device=dev)
+        self.counters = self.sync[:self.status_offset]
+        self.status = self.sync[self.status_offset:]
+        self._graphs: dict[int, Any] = {}     # chunk -> (CUDAGraph, hist tensor) or None (capture failed)
+        self._trace_ptr = 0
+
+    # -- storage --------------------------------------------------------------------------------------------------
+    def _alloc(self, weights: dict[str, Any]) -> None:
+        import torch
+        from vm.reference_vm import TORCH_DTYPES
+        dev = self.device
+        self.tensors: dict[int, torch.Tensor] = {}
+        shared: dict[tuple, torch.Tensor] = {}
+        for b in self.program.buffers:
+            tdt = TORCH_DTYPES[device_dtype(b)]
+            if b.kind == BufferKind.WEIGHT:
+                key = (b.source or b.name, tdt)
+                if key not in shared:
+                    if b.source not in weights:
+                        raise MegakernelError(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
+                    w = weights[b.source]
+                    if tuple(w.shape) != tuple(b.shape):
+                        raise MegakernelError(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape "
+                                              f"{tuple(w.shape)}, program expects {tuple(b.shape)}")
+                    shared[key] = w.detach().to(device=dev, dtype=tdt).contiguous()
+                t = shared[key]
+            elif b.kind == BufferKind.CONST:
+                if b.data is None or len(b.data) != b.numel:
+                    raise MegakernelError(f"buffer {b.id} '{b.name}': CONST data has "
+                                          f"{0 if b.data is None else len(b.data)} values, shape needs {b.numel}")
+                t = torch.tensor(b.data, dtype=tdt).view(b.shape).to(dev)
+            elif b.kind == BufferKind.KV_CACHE:
+                t = torch.zeros(b.shape, dtype=tdt, device=dev)
+            else:
+                t = torch.zeros(max(1, b.numel), dtype=tdt, device=dev)
+            self.tensors[b.id] = t
+        io = {b.name: b.id for b in self.program.buffers if b.kind in (BufferKind.IO_INPUT, BufferKind.IO_OUTPUT)}
+        for name in ("token", "pos", "logits", "next_token"):
+            if name not in io:
+                raise MegakernelError(f"program has no IO buffer named {name!r}")
+        self.token, self.pos = self.tensors[io["token"]], self.tensors[io["pos"]]
+        self.logits, self.next_token = self.tensors[io["logits"]], self.tensors[io["next_token"]]
+        self.kv = [self.tensors[b.id] for b in self.program.buffers if b.kind == BufferKind.KV_CACHE]
+        self.max_seq = min([int(b.shape[1]) for b in self.program.buffers if b.kind == BufferKind.KV_CACHE] or [0])
+
+    def buffer(self, name: str):
+        """The device tensor of a buffer, by name."""
+        return self.tensors[self.program.buffer(name).id]
+
+    # -- launching ------------------------------------------------------------------------------------------------
+    def _launch(self) -> None:
+        self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
+                        self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
+                        self._trace_ptr)
+
+    def trace_step(self, token=None, pos=None) -> dict:
+        """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),
+        "sm"} numpy arrays indexed like program.tasks (t0: reached, t1: waits satisfied, t2: done)."""
+        import torch
+        words = int(self.build_info.get("trace_words", 4))
+        tr = torch.zeros(len(self.program.tasks) * words, dtype=torch.int64, device=self.device)
+        self._trace_ptr = int(tr.data_ptr())
+        try:
+            self.step(token, pos, check=True)
+        finally:
+            self._trace_ptr = 0
+        a = tr.view(-1, words).cpu().numpy().astype(np.int64)
+        base = a[:, 0][a[:, 0] > 0].min() if (a[:, 0] > 0).any() else 0
+        return {"t0": a[:, 0] - base, "t1": a[:, 1] - base, "t2": a[:, 2] - base, "sm": a[:, 3]}
+
+    @staticmethod
+    def _set(dst, value) -> None:
+        import torch
+        if isinstance(value, torch.Tensor):
+            dst.copy_(value.reshape(1))
+        else:
+            dst.fill_(int(value))
+
+    def launch_async(self) -> None:
+        """Reset counters + status and launch one step on the current stream (no host sync, no check)."""
+        self.sync.zero_()
+        self._launch()
+
+    def step(self, token=None, pos=None, check: bool = True):
+        """One decode step -> logits (device fp32 [vocab], the live buffer). token/pos: int or device tensor."""
+        if token is not None:
+            self._set(self.token, token)
+        if pos is not None:
+            self._set(self.pos, pos)
+        self.launch_async()
+        if check:
+            self.check_status()
+        return self.logits
+
+    def check_status(self) -> None:
+        """Synchronise and raise MegakernelError if the last launch(es) reported an error."""
+        import torch
+        with torch.cuda.device(self.device):
+            torch.cuda.current_stream().synchronize()
+        st = self.status.cpu().tolist()
+        code, task, opcode, detail, sm = st[:5]
+        if code == abi.STATUS_OK:
+            return
+        raise MegakernelError(self._describe(code, task, opcode, detail, sm))
+
+    def _describe(self, code, task, opcode, detail, sm) -> str:
+        spec = abi.OPCODE_BY_CODE.get(opcode)
+        opname = spec.name if spec else f"unknown opcode {opcode}"
+        t = next((x for x in self.program.tasks if x.id == task), None)
+        where = f"task {task} ({opname}{', ' + t.label if t is not None and t.label else ''}) on SM {sm}"
+        if code == abi.STATUS_BAD_OPCODE:
+            known = ", ".join(f"{s.code}={s.name}" for s in abi.OPCODE_BY_CODE.values())
+            return (f"megakernel trap: unknown opcode {opcode} in task {task} (instruction {detail}) on SM {sm}; "
+                    f"known opcodes: {known}")
+        if code == abi.STATUS_TIMEOUT and detail < 0:
+            return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for weight-ring slot "
+                    f"{-1 - detail} (bulk copy never completed)")
+        if code == abi.STATUS_TIMEOUT:
+            idx = next((i for i, x in enumerate(self.program.tasks) if x.id == task), None)
+            thr = "?"
+            if idx is not None:
+                r = self.instrs_np[idx]
+                for k in range(int(r["n_waits"])):
+                    if int(r["wait_counter"][k]) == detail:
+                        thr = int(r["wait_threshold"][k])
+            val = int(self.counters[detail].item()) if 0 <= detail < self.n_counters else "?"
+            cname = self.program.counters[detail].name if 0 <= detail < self.n_counters else "?"
+            return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited on counter {detail} "
+                    f"('{cname}') for >= {thr}, value {val}")
+        if code == abi.STATUS_BAD_INPUT:
+            if opname == "EMBED":
+                what = f"token id {detail} outside the vocabulary"
+            elif opname in ("QKV_ROPE", "ATTN_DECODE", "ATTN_PARTIAL"):
+                what = f"position {detail} outside the KV cache [0, {self.max_seq})"
+            else:
+                what = f"needs {detail} B of shared memory, launch has {self.smem_bytes} B"
+            return f"megakernel bad input: {where}: {what}"
+        return f"megakernel status code {code} at {where} (detail {detail})"
+
+    # -- decode loop ----------------------------------------------------------------------------------------------
+    def _step_device(self, out_slot) -> None:
+        """One greedy step entirely on the device: counters = 0, launch, out_slot = token = next_token, pos += 1."""
+        self.counters.zero_()
+        self._launch()
+        out_slot.copy_(self.next_token)
+        self.token.copy_(self.next_token)
+        self.pos.add_(1)
+
+    def prepare_decode(self, chunk: int) -> bool:
+        """Capture a CUDA graph of ``chunk`` device steps (once per chunk size). False if capture is unsupported."""
+        import torch
+        if chunk in self._graphs:
+            return self._graphs[chunk] is not None
+        hist = torch.zeros(chunk, dtype=torch.int32, device=self.device)  # the graph writes its tokens here
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.graph(g):
+                for j in range(chunk):
+                    self._step_device(hist[j:j + 1])
+        except RuntimeError as e:  # cooperative launches not capturable on this driver: run eagerly
+            import warnings
+            warnings.warn(f"CUDA graph capture of the decode step failed ({e}); decoding without graphs")
+            self._graphs[chunk] = None
+            return False
+        self._graphs[chunk] = (g, hist)
+        return True
+
+    def decode_device(self, n_tokens: int, first_token=None, start_pos=None, use_graph: bool = True):
+        """Greedy-decode n_tokens on the device -> int32 device tensor [n_tokens]; no host sync.
+        first_token / start_pos None = continue from the device state (token = last output, pos advanced).
+        Status is reset once here and is sticky across the steps (a failed step makes the rest exit at once)."""
+        import torch
+        if isinstance(start_pos, int) and self.max_seq and start_pos + n_tokens > self.max_seq:
+            raise MegakernelError(f"decode: positions up to {start_pos + n_tokens - 1} exceed the KV cache "
+                                  f"({self.max_seq} positions)")
+        if first_token is not None:
+            self._set(self.token, first_token)
+        if start_pos is not None:
+            self._set(self.pos, start_pos)
+        self.status.zero_()
+        out = torch.empty(n_tokens, dtype=torch.int32, device=self.device)
+        entry = self._graphs.get(n_tokens) if use_graph else None
+        if entry is not None:
+            g, hist = entry
+            g.replay()
+            out.copy_(hist)
+        else:
+            for i in range(n_tokens):
+                self._step_device(out[i:i + 1])
+        return out
+
+    def decode(self, first_token: int, start_pos: int, n_tokens: int, chunk: int = 32,
+               use_graph: bool = True) -> list[int]:
+        """Greedy decode: feed first_token at start_pos, then each output back. One host sync per chunk."""
+        if n_tokens <= 0:
+            return []
+        if self.max_seq and start_pos + n_tokens > self.max_seq:
+            raise MegakernelError(f"decode: positions up to {start_pos + n_tokens - 1} exceed the KV cache "
+                                  f"({self.max_seq} positions)")
+        toks: list[int] = []
+        first = True
+        while len(toks) < n_tokens:
+            k = min(chunk, n_tokens - len(toks))
+            if use_graph and k == chunk:
+                self.prepare_decode(k)
+            out = self.decode_device(k, first_token if first else None, start_pos if first else None, use_graph)
+            first = False
+            toks += out.tolist()          # the one sync of this chunk
+            self.check_status()
+        return toks
+
+    def generate(self, prompt: list[int], n_new: int, chunk: int = 32) -> list[int]:
+        """Prefill ``prompt`` token by token from position 0, then greedy-decode n_new tokens (like HF generate)."""
+        if not prompt:
+            raise MegakernelError("generate: empty prompt")
+        for i, t in enumerate(prompt[:-1]):
+            self.step(int(t), i)
+        return self.decode(int(prompt[-1]), len(prompt) - 1, n_new, chunk)
+
+    def reset(self) -> None:
+        """Zero the KV caches."""
+        for t in self.kv:
+            t.zero_()
+
+    # -- test hooks -------------------------------------------------------------------------------------------
+    def patch_instr(self, index: int, **fields) -> None:
+        """Overwrite fields of packed instruction ``index`` (e.g. op=99, wait_threshold=[...]) and re-upload."""
+        import torch
+        rec = self.instrs_np[index]
+        for k, v in fields.items():
+            if k not in abi.INSTR_DTYPE.names:
+                raise KeyError(f"AmkInstr has no field {k!r}")
+            rec[k] = v
+        self.instrs.copy_(torch.from_numpy(self.instrs_np.view(np.uint8).copy()).to(self.device))
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.program.weight_bytes
+
+    def __repr__(self) -> str:
+        return (f"MegakernelVM({len(self.program.tasks)} tasks, grid {self.grid}, {self.threads} threads, "
+                f"smem {self.smem_bytes} B (ring {self.ring_bytes} B, {self.n_streamed} streamed tasks), "
+                f"prefetch depth {self.prefetch_depth} cap {self.prefetch_cap} B)")
+
+
+def roofline_us(weight_bytes: int, gbps: float = 3050.0) -> float:
+    """Weight-streaming floor of one token in microseconds."""
+    return weight_bytes / (gbps * 1e9) * 1e6 if gbps > 0 else math.inf
