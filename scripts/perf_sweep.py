@@ -56,7 +56,7 @@ def main():
     g = load_model(a.model, dtype=a.dtype, device="cuda")
     extra = json.loads(a.extra)
     rows = []
-    for name in a.variants.split(","):
+    for name in a.variants.split(";"):
         cfg = {**VARIANTS[name], **extra} if name in VARIANTS else {**json.loads(name), **extra}
         prog = lower(g, target, cfg, max_seq=a.ctx + 64)
         res = validate(prog)
