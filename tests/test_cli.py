@@ -32,7 +32,8 @@ def test_compile_toy_json_and_out(tmp_path):
 
 def test_validate_hand_broken_file(tmp_path):
     out = tmp_path / "prog.json"
-    assert amk("compile", "toy", "--no-verify", "--no-gpu", "--out", out).returncode == 0
+    (tmp_path / "cfg.json").write_text('{"attn_splits": 1}')
+    assert amk("compile", "toy", "--no-verify", "--no-gpu", "--config", tmp_path / "cfg.json", "--out", out).returncode == 0
     assert amk("validate", out).returncode == 0
     d = json.loads(out.read_text())
     victim = next(t for t in d["tasks"] if t["op"] == "ATTN_DECODE")

@@ -75,6 +75,10 @@ def _check_qkv_heads(p, v):
 
 
 def _check_attn_splits(p, v):
+    if v == 1:   # one task per kv head writes the output directly: no partials, no merge
+        assert _count(p, "ATTN_DECODE") == C.n_kv_heads * C.n_layers
+        assert _count(p, "ATTN_PARTIAL") == _count(p, "ATTN_MERGE") == 0
+        return
     assert _count(p, "ATTN_PARTIAL") == v * C.n_kv_heads * C.n_layers
     assert _count(p, "ATTN_MERGE") == C.n_kv_heads * C.n_layers
     assert _count(p, "ATTN_DECODE") == 0

@@ -147,7 +147,7 @@ def test_output_never_written():
 def test_kv_cache_append_must_precede_attention():
     """Through the real access rules: a K append and an attention over the same head must be ordered."""
     from schedule.adversarial import toy_bases
-    p = toy_bases([dict(num_sms=8, sm_assignment="round_robin")])[0]
+    p = toy_bases([dict(num_sms=8, sm_assignment="round_robin", attn_splits=1)])[0]
     attn = next(t for t in p.tasks if t.op == "ATTN_DECODE")
     attn.waits = []
     rejected(p, f"task {attn.id} (ATTN_DECODE", "k_cache0")
@@ -352,7 +352,7 @@ def test_lowered_toy_programs_pass(toy, cfg):
 def test_dropped_wait_in_lowered_toy_is_caught_and_really_breaks_the_vm(toy):
     from schedule.lower import lower
     from vm.reference_vm import ReferenceVM
-    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=8, sm_assignment="round_robin"), max_seq=64)
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=8, sm_assignment="round_robin", attn_splits=1), max_seq=64)
     ref = ReferenceVM(p, toy.weights, seed=0).step(5, 0)
     intact = ReferenceVM(p, toy.weights, seed=3).step(5, 0)
     assert torch.allclose(ref, intact, rtol=1e-5, atol=1e-6)          # any legal order gives the same logits
@@ -388,7 +388,7 @@ def test_every_error_names_the_task_opcode():
 def test_kv_cache_shared_by_two_layers_is_rejected(toy):
     """Ordered within the step, but the cache outlives it: layer 1's append clobbers layer 0's slot."""
     from schedule.lower import lower
-    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4), max_seq=64)
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4, attn_splits=1), max_seq=64)
     k0, k1 = p.buffer("k_cache0").id, p.buffer("k_cache1").id
     for t in p.tasks:
         t.inputs = [k0 if b == k1 else b for b in t.inputs]
@@ -398,7 +398,7 @@ def test_kv_cache_shared_by_two_layers_is_rejected(toy):
 
 def test_attention_reading_a_cache_not_appended_this_step_is_rejected(toy):
     from schedule.lower import lower
-    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4), max_seq=64)
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=4, attn_splits=1), max_seq=64)
     attn = next(t for t in p.tasks if t.op == "ATTN_DECODE" and t.label.startswith("L0."))
     attn.inputs[1] = p.buffer("k_cache1").id                          # layer 0 attention reads layer 1's keys
     rejected(p, f"task {attn.id} (ATTN_DECODE", "'k_cache1'", "append has not written")

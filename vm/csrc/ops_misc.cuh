@@ -29,7 +29,31 @@ __device__ __noinline__ void amk_op_argmax(const AmkCtx& c) {
   int* token = (int*)amk_ptr(c, AMK_ARGMAX_N_REQUIRED_IN);
   float bv = -INFINITY;
   int bi = INT_MAX;
-  for (int i0 = amk_tid(); i0 < n; i0 += AMK_THREADS * 8) {  // 8 loads in flight per thread
+  int vec_end = 0;
+  if ((n & 3) == 0 && (((uintptr_t)logits) & 15) == 0) {  // 16-byte loads: 4 float4 in flight per thread
+    const float4* l4 = (const float4*)logits;
+    const int n4 = n >> 2;
+    for (int j0 = amk_tid(); j0 < n4; j0 += AMK_THREADS * 4) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = j0 + u * AMK_THREADS;
+        v[u] = j < n4 ? __ldcg(l4 + j) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int j = j0 + u * AMK_THREADS;
+        if (j < n4) {  // elements 4j..4j+3 in increasing index order keep "first index wins" on ties
+          if (amk_argmax_better(v[u].x, 4 * j, bv, bi)) { bv = v[u].x; bi = 4 * j; }
+          if (amk_argmax_better(v[u].y, 4 * j + 1, bv, bi)) { bv = v[u].y; bi = 4 * j + 1; }
+          if (amk_argmax_better(v[u].z, 4 * j + 2, bv, bi)) { bv = v[u].z; bi = 4 * j + 2; }
+          if (amk_argmax_better(v[u].w, 4 * j + 3, bv, bi)) { bv = v[u].w; bi = 4 * j + 3; }
+        }
+      }
+    }
+    vec_end = n;
+  }
+  for (int i0 = vec_end + amk_tid(); i0 < n; i0 += AMK_THREADS * 8) {  // scalar path: 8 loads in flight per thread
     float v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
