@@ -109,7 +109,7 @@ def hbm_bandwidth(gib: float = 4.0) -> dict:
     src = torch.rand(n, device="cuda")
     dst = torch.empty_like(src)
     out = torch.empty((), device="cuda")
-    rd = cuda_time_us(lambda: torch.sum(src, out=out), iters=5, repeats=5)
+    rd = cuda_time_us(lambda: torch.sum(src, dim=0, out=out), iters=5, repeats=5)
     cp = cuda_time_us(lambda: dst.copy_(src), iters=5, repeats=5)
     nbytes = n * 4
     res = {"read_gbps": nbytes / rd["us"] / 1e3, "copy_gbps": 2 * nbytes / cp["us"] / 1e3}

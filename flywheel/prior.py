@@ -1,7 +1,8 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
-Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8 and prefetch_depth 0 beat
-attn_splits 1 / prefetch_depth 2 by 27% on llama-3.2-1b bf16 at ctx 512.
+Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8, prefetch_depth 0 and
+gemv/mlp/lm_head rows 32/64/128 run llama-3.2-1b bf16 at ctx 512 in 1584 us vs 2254 us for the first defaults
+(attn_splits 1, prefetch_depth 2, rows 16/32/64).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
 derived from ``KNOBS``. Every knob changes the lowered program or the kernel build; tests/schedule/test_knobs.py
@@ -45,11 +46,11 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("gemv_rows", int, 16, choices=(4, 8, 16, 32, 64, 128),
+    Knob("gemv_rows", int, 32, choices=(4, 8, 16, 32, 64, 128),
          doc="output rows per GEMV task for o_proj and down_proj (smaller = more, finer tasks)"),
-    Knob("mlp_rows", int, 32, choices=(4, 8, 16, 32, 64, 128),
+    Knob("mlp_rows", int, 64, choices=(4, 8, 16, 32, 64, 128),
          doc="output rows per fused gate/up (SiLU*up) task"),
-    Knob("lm_head_rows", int, 64, choices=(16, 32, 64, 128, 256, 512),
+    Knob("lm_head_rows", int, 128, choices=(16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task"),
     Knob("qkv_heads", int, 1, choices=(1, 2, 4, 8),
          doc="query heads per QKV task (a task never straddles a KV group); K and V are one head per task"),

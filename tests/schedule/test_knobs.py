@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from flywheel.prior import KNOBS, defaults
+from flywheel.prior import KNOB_BY_NAME, KNOBS, defaults
 from schedule.graph import load_model
 from schedule.ir import get_target
 from schedule.lower import lower
@@ -58,7 +58,7 @@ BASE = _lower()
 def _check_gemv_rows(p, v):
     for lab in (".o_proj[", ".down["):
         assert _count(p, "GEMV", lab) == C.n_layers * _tiles(C.hidden, v)
-    assert _count(BASE, "GEMV", ".o_proj[") == C.n_layers * _tiles(C.hidden, 16)
+    assert _count(BASE, "GEMV", ".o_proj[") == C.n_layers * _tiles(C.hidden, KNOB_BY_NAME["gemv_rows"].default)
 
 
 def _check_mlp_rows(p, v):
@@ -103,7 +103,7 @@ def _check_fuse_norm(p, v):
 
 def _check_fuse_residual(p, v):
     assert v is False and _count(BASE, "ADD") == 0
-    assert _count(p, "ADD") == 2 * C.n_layers * _tiles(C.hidden, 16)
+    assert _count(p, "ADD") == 2 * C.n_layers * _tiles(C.hidden, KNOB_BY_NAME["gemv_rows"].default)
     assert all(t.params.get("has_residual", 0) == 0 for t in p.tasks if t.op == "GEMV")
 
 

@@ -257,4 +257,5 @@ def test_knobs_change_the_build():
     assert jit.spec_for(256, 0).name() != jit.spec_for(512, 2).name() != jit.spec_for(512, 3).name()
     info = vm.ext.build_info()
     assert (info["threads"], info["prefetch_depth"]) == (vm.threads, vm.prefetch_depth)
-    assert vm.prefetch_cap > 0 and int(vm.instrs_np["prefetch_bytes"].max()) > 0
+    if vm.prefetch_depth > 0:
+        assert vm.prefetch_cap > 0 and int(vm.instrs_np["prefetch_bytes"].max()) > 0
