@@ -138,6 +138,7 @@ __device__ __noinline__ void amk_attn_core(const AmkCtx& c, const float* q, cons
         sum += e;
       }
       sum = amk_warp_sum(sum);
+      __syncwarp();  // every lane's read of st[g] above is ordered before lane 0 rewrites it (racecheck-explicit)
       if (lane == 0) {
         const float a = expf(m_old - m_new);
         st[2 * G + g] = a;
