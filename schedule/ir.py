@@ -372,22 +372,29 @@ def topological_order(program: MegakernelProgram) -> list[int] | None:
     from .validate import happens_before_edges
     n = len(program.tasks)
     edges = happens_before_edges(program)
-    indeg = [0] * n
-    for a, b in edges:
-        indeg[b] += 1
     succ: list[list[int]] = [[] for _ in range(n)]
     for a, b in edges:
         succ[a].append(b)
-    ready = [i for i in range(n) if indeg[i] == 0]
-    order = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
+    order, _ = kahn_order(succ)
     return order if len(order) == n else None
+
+
+def kahn_order(succ: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Kahn's topological sort of a graph given as successor lists: (order, remaining in-degrees).
+    ``len(order) < len(succ)`` means a cycle; the nodes with in-degree > 0 are on or behind it."""
+    indeg = [0] * len(succ)
+    for vs in succ:
+        for v in vs:
+            indeg[v] += 1
+    order, ready = [], [v for v in range(len(succ)) if indeg[v] == 0]
+    while ready:
+        v = ready.pop()
+        order.append(v)
+        for u in succ[v]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    return order, indeg
 
 
 def validate(program: Any):

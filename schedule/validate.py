@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from schedule import ops
-from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, Wait
+from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, Wait, kahn_order
 from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -543,15 +543,7 @@ class _Validator:
             for c in waits[i]:
                 succ[n + c].append(i)
                 preds[i].append(n + c)
-        indeg = [len(x) for x in preds]
-        order, ready = [], [v for v in range(n + C) if indeg[v] == 0]
-        while ready:
-            v = ready.pop()
-            order.append(v)
-            for u in succ[v]:
-                indeg[u] -= 1
-                if indeg[u] == 0:
-                    ready.append(u)
+        order, indeg = kahn_order(succ)
         self.succ, self.preds = succ, preds
         return order, ({v for v in range(n + C) if indeg[v] > 0} if len(order) < n + C else set())
 
