@@ -149,17 +149,17 @@ def test_mutations_mostly_break_programs(bases):
 
 # -- validator vs oracle ----------------------------------------------------------------------------------------------
 def test_no_false_accepts_ci_run(bases):
-    """2,000 adversarial schedules: the validator never accepts a program in which the oracle finds a deadlock,
+    """10,000 adversarial schedules (~45 s on one core): the validator never accepts a program in which the oracle finds a deadlock,
     race, uninitialised read or an unrunnable task. False rejects (contract stricter than behaviour) are counted."""
     false_acc, false_rej, rejected = [], 0, 0
-    for base, kind, desc, p in generate(2026, 2000, bases=bases):
+    for base, kind, desc, p in generate(2026, 10_000, bases=bases):
         v, o = validate(p), oracle.check(p)
         rejected += not v.ok
         if v.ok and not o.ok:
             false_acc.append(f"{base} {kind}: {desc}: {o.summary()}")
         false_rej += (not v.ok) and o.ok
     assert not false_acc, "\n".join(false_acc[:10])
-    assert rejected > 1000 and false_rej < 100, (rejected, false_rej)
+    assert rejected > 5000 and false_rej < 500, (rejected, false_rej)
 
 
 def test_report_script_runs_and_saves_cases(tmp_path):
