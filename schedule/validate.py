@@ -33,18 +33,10 @@ import math
 import time
 from typing import Any
 
-from schedule import ops
-from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, Wait, kahn_order
-from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
+from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, kahn_order
+from schedule.validate_task import TaskChecks, _is_int
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 RACE_KINDS = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.KV_CACHE)
-# iparams that may be omitted (packed as 0): the optional-input flags and the sliding window.
-DEFAULTED_IPARAMS = {"window"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
-# fparams needed only when a flag is set.
-CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
-                       ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
 MAX_PER_KIND = 25   # errors kept per kind (the rest are counted)
 
 
@@ -63,21 +55,6 @@ class ValidationResult:
         if self.stats:
             lines.append("  stats: " + ", ".join(f"{k}={v}" for k, v in self.stats.items()))
         return "\n".join(lines)
-
-
-def _is_int(x) -> bool:
-    return type(x) is int
-
-
-class _Lazy:
-    """A task's display name, formatted only when an error message is built."""
-    __slots__ = ("v", "i")
-
-    def __init__(self, v, i):
-        self.v, self.i = v, i
-
-    def __format__(self, spec: str) -> str:
-        return self.v.T(self.i)
 
 
 def _coerce(program: Any) -> tuple[MegakernelProgram | None, str | None]:
@@ -138,7 +115,7 @@ def _bits(m: int):
         m ^= low
 
 
-class _Validator:
+class _Validator(TaskChecks):
     def __init__(self, p: MegakernelProgram):
         self.p = p
         self.errors: list[str] = []
@@ -246,185 +223,6 @@ class _Validator:
         for i, c in enumerate(self.p.counters):
             if not isinstance(c, Counter) or c.id != i:
                 self.err("counter", f"counter {i}: not a Counter whose id equals its position {i} ({c!r})"[:200])
-
-    def _check_task(self, i: int) -> bool:
-        """Per-task checks; True if the task's references are sound enough for the graph and race analysis."""
-        t = self.p.tasks[i]
-        if not isinstance(t, Task):
-            self.err("task", f"task {i}: not a Task ({type(t).__name__})")
-            return False
-        if t.id != i:
-            self.err("task", f"task {i}: id {t.id!r} != its position {i}")
-        if not isinstance(t.op, str) or t.op not in OPCODES:
-            self.err("opcode", f"task {i}: unknown opcode {t.op!r} (known: {', '.join(OPCODES)})")
-            return False
-        name, spec, ok = _Lazy(self, i), OPCODES[t.op], True
-        nb, nc = len(self.p.buffers), len(self.p.counters)
-        if not isinstance(t.params, dict) or not all(isinstance(k, str) for k in t.params):
-            self.err("params", f"{name}: params must be a dict with string keys")
-            return False
-        # params: presence, type, int32 range
-        for pn in spec.iparams:
-            v = t.params.get(pn)
-            if v is None and pn not in DEFAULTED_IPARAMS:
-                self.err("params", f"{name}: missing int param '{pn}'")
-            elif v is not None and (not isinstance(v, int) or not INT32_MIN <= v <= INT32_MAX):
-                self.err("params", f"{name}: int param '{pn}' = {v!r} is not an int32")
-            else:
-                continue
-            ok = False
-        for pn in spec.fparams:
-            v = t.params.get(pn)
-            flag = CONDITIONAL_FPARAMS.get((t.op, pn))
-            needed = flag is None or (isinstance(t.params.get(flag), int) and t.params.get(flag))
-            if v is None and needed:
-                self.err("params", f"{name}: missing float param '{pn}'")
-            elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                                    or abs(v) > 3.4e38):
-                self.err("params", f"{name}: float param '{pn}' = {v!r} is not a finite float32")
-            else:
-                continue
-            ok = False
-        unknown = set(t.params) - set(spec.iparams) - set(spec.fparams)
-        if unknown:
-            self.warnings.append(f"{name}: unknown param(s) {sorted(unknown)} are ignored by the VM")
-        if not ok:
-            return False
-        # buffers: types, range, arity, caps, writable outputs
-        for field in ("inputs", "outputs"):
-            ids = getattr(t, field)
-            if not isinstance(ids, list) or not all(_is_int(b) for b in ids):
-                self.err("refs", f"{name}: {field} must be a list of buffer ids")
-                return False
-            for b in ids:
-                if not 0 <= b < nb:
-                    self.err("refs", f"{name}: {field[:-1]} buffer id {b} out of range [0, {nb})")
-                    ok = False
-                elif self.numel.get(b) is None:
-                    ok = False  # the buffer itself is broken (reported there)
-        slots = spec.input_slots(t.params)
-        if len(t.inputs) != len(slots):
-            self.err("arity", f"{name}: {len(t.inputs)} inputs, opcode {t.op} with these flags takes "
-                              f"{len(slots)} ({', '.join(slots)})")
-            ok = False
-        if len(t.outputs) != len(spec.outputs):
-            self.err("arity", f"{name}: {len(t.outputs)} outputs, opcode {t.op} takes {len(spec.outputs)} "
-                              f"({', '.join(spec.outputs)})")
-            ok = False
-        if len(t.inputs) + len(t.outputs) > MAX_BUFS:
-            self.err("abi", f"{name}: {len(t.inputs) + len(t.outputs)} buffers exceed the ABI cap {MAX_BUFS}")
-            ok = False
-        if ok:
-            for b in t.outputs:
-                if self.kinds[b] in READ_ONLY_KINDS:
-                    self.err("readonly", f"{name}: writes {self.B(b)}, which is read-only")
-                    ok = False
-        # counters and waits
-        if not _is_int(t.out_counter) or not -1 <= t.out_counter < nc:
-            self.err("refs", f"{name}: out_counter {t.out_counter!r} out of range [-1, {nc})")
-            ok = False
-        if not isinstance(t.waits, list) or not all(isinstance(w, Wait) for w in t.waits):
-            self.err("refs", f"{name}: waits must be a list of Wait")
-            return False
-        if len(t.waits) > MAX_WAITS:
-            self.err("abi", f"{name}: {len(t.waits)} waits exceed the ABI cap {MAX_WAITS}")
-            ok = False
-        for w in t.waits:
-            if not _is_int(w.counter) or not 0 <= w.counter < nc:
-                self.err("refs", f"{name}: waits on counter {w.counter!r} out of range [0, {nc})")
-                ok = False
-            elif not _is_int(w.threshold) or not 1 <= w.threshold <= INT32_MAX:
-                self.err("threshold", f"{name}: wait on {self.C(w.counter)} has threshold {w.threshold!r}; "
-                                      f"it must be an int32 >= 1 (the producer count)")
-                ok = False
-        if not _is_int(t.sm):
-            self.err("refs", f"{name}: sm {t.sm!r} is not an integer")
-            ok = False
-        return ok and self._check_ranges(i, t, slots)
-
-    def _check_ranges(self, i: int, t: Task, slots: list[str]) -> bool:
-        name, n = _Lazy(self, i), self.numel
-        try:
-            acc = ops.accesses(t, lambda b: n[b])
-        except Exception as e:  # noqa: BLE001
-            self.err("params", f"{name}: cannot derive its buffer accesses: {type(e).__name__}: {e}")
-            return False
-        ok = True
-        for a in acc:
-            if not 0 <= a.lo < a.hi <= n[a.buffer]:
-                self.err("range", f"{name}: slot '{a.slot}' {'writes' if a.write else 'reads'} elements "
-                                  f"[{a.lo}, {a.hi}) of {self.B(a.buffer)}, outside its {n[a.buffer]} elements"
-                                  + (" (empty range)" if a.lo >= a.hi else ""))
-                ok = False
-        ok = self._check_shapes(i, t, slots) and ok
-        if ok:
-            self.acc[i] = acc
-        return ok
-
-    def _check_shapes(self, i: int, t: Task, slots: list[str]) -> bool:
-        """What each op assumes about its buffers beyond bounds (the reference VM reshapes by these)."""
-        P, s = t.params, dict(zip(slots + list(OPCODES[t.op].outputs), t.inputs + t.outputs))
-        shape = lambda slot: tuple(self.p.buffers[s[slot]].shape)  # noqa: E731
-        numel = lambda slot: self.numel[s[slot]]  # noqa: E731
-        bad: list[str] = []
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                bad.append(msg)
-        op = t.op
-        if op == "EMBED":
-            need(P["col_start"] >= 0 and P["col_count"] >= 1 and P["col_start"] + P["col_count"] <= P["hidden"],
-                 "columns outside [0, hidden)")
-            need(shape("table") == (P["vocab"], P["hidden"]), f"table shape {shape('table')} != (vocab, hidden)")
-        elif op == "RMSNORM":
-            need(P["n"] == numel("x") == numel("w") == numel("y"), "n, x, w and y sizes differ")
-        elif op in ("GEMV", "GEMV_SILU_MUL"):
-            r0, rn, K, N = P["row_start"], P["row_count"], P["k"], P["n"]
-            need(r0 >= 0 and rn >= 1 and r0 + rn <= N, f"rows [{r0}, {r0 + rn}) outside [0, n={N})")
-            need(K == numel("x"), f"k={K} != x size {numel('x')}")
-            for w in ("w", "w_gate", "w_up"):
-                if w in s:
-                    need(shape(w) == (N, K), f"'{w}' shape {shape(w)} != (n, k) = ({N}, {K})")
-            if "norm_w" in s:
-                need(numel("norm_w") == K, "norm_w size != k")
-        elif op == "QKV_ROPE":
-            h0, hn, hd, K, H, S = (P[k] for k in ("head_start", "head_count", "head_dim", "k", "n_heads", "max_seq"))
-            need(P["mode"] in (0, 1, 2), f"mode {P['mode']} not Q/K/V")
-            need(hd >= 2 and hd % 2 == 0, f"head_dim {hd} must be even")
-            need(h0 >= 0 and hn >= 1 and h0 + hn <= H, f"heads [{h0}, {h0 + hn}) outside [0, n_heads={H})")
-            need(K == numel("x"), f"k={K} != x size {numel('x')}")
-            need(shape("w") == (H * hd, K), f"w shape {shape('w')} != (n_heads*head_dim, k) = ({H * hd}, {K})")
-            need(numel("inv_freq") == hd // 2, "inv_freq size != head_dim/2")
-            if "qk_norm_w" in s:
-                need(numel("qk_norm_w") == hd, "qk_norm_w size != head_dim")
-            if "norm_w" in s:
-                need(numel("norm_w") == K, "norm_w size != k")
-            if P["mode"] != QKV_MODE_Q:
-                need(self.kinds[s["dst"]] == BufferKind.KV_CACHE and shape("dst") == (H, S, hd),
-                     f"K/V dst must be a KV_CACHE of shape (n_heads, max_seq, head_dim) = ({H}, {S}, {hd})")
-        elif op in ("ATTN_DECODE", "ATTN_PARTIAL", "ATTN_MERGE"):
-            g, G, hd = P["kv_head"], P["group"], P["head_dim"]
-            need(g >= 0 and G >= 1 and hd >= 1, "kv_head/group/head_dim must be >= 0/1/1")
-            if op != "ATTN_MERGE":
-                S = P["max_seq"]
-                need(P.get("window", 0) >= 0, "window must be >= 0")
-                for c in ("k_cache", "v_cache"):
-                    shp = shape(c)
-                    need(self.kinds[s[c]] == BufferKind.KV_CACHE and len(shp) == 3 and shp[1:] == (S, hd)
-                         and g < shp[0], f"'{c}' must be a KV_CACHE of shape (n_kv > kv_head, max_seq, head_dim)"
-                                         f" = (>{g}, {S}, {hd}), got {shp}")
-            if op != "ATTN_DECODE":
-                row = P["n_splits"] * G * (hd + 2)
-                need(P["n_splits"] >= 1 and numel("partial") % max(row, 1) == 0,
-                     f"n_splits must be >= 1 and the partial buffer a whole number of [n_splits, group, "
-                     f"head_dim + 2] blocks ({numel('partial')} elements, block {row})")
-            if op == "ATTN_PARTIAL":
-                need(0 <= P["split"] < P["n_splits"], f"split {P['split']} outside [0, n_splits)")
-        elif op == "ARGMAX":
-            need(P["n"] >= 1, "n must be >= 1")
-        for m in bad:
-            self.err("shape", f"{self.T(i)}: {m}")
-        return not bad
 
     def _check_queues(self) -> bool:
         p, n, ok = self.p, len(self.p.tasks), True
