@@ -4,13 +4,33 @@ Each task costs ``bytes / per_sm_bandwidth + overhead``; it starts when its SM i
 on is complete. Per-SM bandwidth is the HBM bandwidth shared by the SMs that hold work, capped by what one SM can
 pull (measured on H100: ~23 GB/s per SM with 16 KB in flight, more with deeper prefetch). KV bytes of attention
 tasks are taken at the given context length, not at the cache capacity.
+
+Calibration (H100, 2026-11-22, from the first variant sweep only -- docs/PERF.md "sweep A"; later runs are held out):
+* per-task overhead ~2.5 us: doubling tile rows (5,098 fewer tasks, ~39 per SM) saved 114 us;
+* attention is latency-bound, ~0.05 us per cached position per task: 8 KV splits saved ~28 us per layer at ctx 512;
+* L2 look-ahead prefetch did not raise per-SM bandwidth (depth 2 was 7% slower than 0), so it is not modelled.
 """
 from __future__ import annotations
 
 from schedule.ir import MegakernelProgram, GpuTarget
 
-TASK_OVERHEAD_US = 0.6      # dispatch + wait + block-wide reductions per task
-PER_SM_GBPS_BY_DEPTH = {0: 14.0, 1: 20.0, 2: 24.0, 3: 26.0, 4: 27.0}
+TASK_OVERHEAD_US = 2.5      # dispatch + wait + x staging + block-wide reductions per task
+PER_SM_GBPS = 23.0          # streaming rate of one SM when every SM streams (3.05 TB/s / 132)
+ATTN_US_PER_POSITION = 0.05
+
+
+def attn_positions(task, ctx: int) -> int:
+    p = task.params
+    n = min(ctx, int(p["max_seq"]))
+    return -(-n // int(p["n_splits"])) if task.op == "ATTN_PARTIAL" else n
+
+
+def task_us(program: MegakernelProgram, task, ctx: int, per_sm: float) -> float:
+    """Predicted time of one task on one SM (per_sm: bytes per us)."""
+    t = task_bytes(program, task, ctx) / per_sm + TASK_OVERHEAD_US
+    if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+        t += ATTN_US_PER_POSITION * attn_positions(task, ctx)
+    return t
 
 
 def task_bytes(program: MegakernelProgram, task, ctx: int) -> int:
@@ -26,8 +46,7 @@ def task_bytes(program: MegakernelProgram, task, ctx: int) -> int:
 def predict_us(program: MegakernelProgram, target: GpuTarget | None = None, ctx: int = 512) -> float:
     t = target or program.target
     busy = sum(1 for q in program.queues if q) or 1
-    depth = int(program.config.get("prefetch_depth", 2))
-    per_sm = min(t.hbm_gbps / busy, PER_SM_GBPS_BY_DEPTH.get(depth, 24.0) * t.hbm_gbps / 3050.0) * 1e3  # bytes/us
+    per_sm = max(t.hbm_gbps / busy, PER_SM_GBPS * t.hbm_gbps / 3050.0) * 1e3   # bytes/us
     done_at = [0.0] * len(program.counters)
     pending = [0] * len(program.counters)
     for task in program.tasks:
@@ -44,7 +63,7 @@ def predict_us(program: MegakernelProgram, target: GpuTarget | None = None, ctx:
                 if any(pending[w.counter] > 0 for w in task.waits):
                     break
                 start = max([free[sm]] + [done_at[w.counter] for w in task.waits])
-                free[sm] = start + task_bytes(program, task, ctx) / per_sm + TASK_OVERHEAD_US
+                free[sm] = start + task_us(program, task, ctx, per_sm)
                 if task.out_counter >= 0:
                     pending[task.out_counter] -= 1
                     done_at[task.out_counter] = max(done_at[task.out_counter], free[sm])
