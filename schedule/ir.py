@@ -96,6 +96,17 @@ class Buffer:
                       None if d.get("data") is None else [float(x) for x in d["data"]])
 
 
+def find_weight(b: Buffer, weights: dict, error: type[Exception] = IRError):
+    """The tensor behind WEIGHT buffer ``b`` (by its state-dict key), checked against the program's shape."""
+    if b.source not in weights:
+        raise error(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
+    w = weights[b.source]
+    if tuple(w.shape) != tuple(b.shape):
+        raise error(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape {tuple(w.shape)}, "
+                    f"program expects {tuple(b.shape)}")
+    return w
+
+
 @dataclasses.dataclass
 class Counter:
     id: int

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from schedule.ir import BufferKind, DType, MegakernelProgram
+from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight
 from schedule.ops import accesses, weight_ranges
 from vm import abi
 
@@ -339,12 +339,7 @@ class MegakernelVM:
             if b.kind == BufferKind.WEIGHT:
                 key = (b.source or b.name, tdt)
                 if key not in shared:
-                    if b.source not in weights:
-                        raise MegakernelError(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
-                    w = weights[b.source]
-                    if tuple(w.shape) != tuple(b.shape):
-                        raise MegakernelError(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape "
-                                              f"{tuple(w.shape)}, program expects {tuple(b.shape)}")
+                    w = find_weight(b, weights, MegakernelError)
                     shared[key] = w.detach().to(device=dev, dtype=tdt).contiguous()
                 t = shared[key]
             elif b.kind == BufferKind.CONST:

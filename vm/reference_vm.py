@@ -19,7 +19,7 @@ import random
 
 import torch
 
-from schedule.ir import BufferKind, DType, MegakernelProgram, validate
+from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, validate
 from schedule.ops import slot_map
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
 
@@ -211,13 +211,7 @@ class ReferenceVM:
 
     def _materialize(self, b, weights) -> torch.Tensor:
         if b.kind == BufferKind.WEIGHT:
-            if b.source not in weights:
-                raise VMError(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
-            w = weights[b.source]
-            if tuple(w.shape) != tuple(b.shape):
-                raise VMError(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape {tuple(w.shape)}, "
-                              f"program expects {tuple(b.shape)}")
-            w = w.to(TORCH_DTYPES[b.dtype])          # round to the program's weight dtype (no-op if equal)
+            w = find_weight(b, weights, VMError).to(TORCH_DTYPES[b.dtype])          # round to the program's weight dtype (no-op if equal)
             return w.float() if self.upcast else w
         if b.kind == BufferKind.CONST:
             return torch.tensor(b.data, dtype=TORCH_DTYPES[b.dtype]).view(b.shape)
