@@ -172,7 +172,13 @@ def cmd_generate(args) -> int:
     if (args.prompt is None) == (args.prompt_ids is None):
         raise CLIError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     tok = _tokenizer(args.model) if args.prompt is not None else None
-    graph = load_model(args.model, dtype=args.dtype, seed=args.seed)
+    if args.device == "auto":
+        args.device = "cuda" if _has_gpu() else "cpu"
+    if args.device != "cpu" and not _has_gpu():
+        raise CLIError("--device cuda: no CUDA GPU is available on this machine (use --device cpu)")
+    # preset weights are generated where they will run (1B parameters take minutes on a CPU)
+    graph = load_model(args.model, dtype=args.dtype, seed=args.seed,
+                       **({"device": "cuda"} if args.device != "cpu" else {}))
     prompt = tok.encode(args.prompt).ids if tok else _parse_ids(args.prompt_ids)
     if not prompt:
         raise CLIError("--prompt encodes to no tokens")
@@ -193,27 +199,56 @@ def cmd_generate(args) -> int:
         vm = ReferenceVM(prog, graph.weights, seed=args.seed)
         tokens = greedy_decode(vm.step, prompt, args.max_tokens)
     else:
-        if not _has_gpu():
-            raise CLIError("--device cuda: no CUDA GPU is available on this machine (use --device cpu)")
+        from eval.generate import gpu_generate
+        from eval.roofline import roofline
+        from vm import jit
         from vm.loader import MegakernelVM
         prog = lower(graph, get_target(args.gpu), cfg, max_seq=need)
         vm = MegakernelVM(prog, graph.weights)
-        tokens = vm.generate(prompt, args.max_tokens)
+        b = dict(jit.LAST_BUILD)
+        build = (f"built the megakernel in {b.get('build_s', 0):.1f} s" if b.get("built")
+                 else f"reused the cached megakernel build ({b.get('load_s', 0):.2f} s load)")
+        if not args.json:
+            print(f"[{build}]", file=sys.stderr)
+
+        def stream(new):
+            if not args.json:
+                print(tok.decode(new) if tok else " ".join(str(t) for t in new), end="" if tok else " ", flush=True)
+        st = gpu_generate(vm, prompt, args.max_tokens, on_chunk=stream)
+        if not args.json:
+            print()
+        tokens = st.pop("tokens")
+        rl = roofline(prog, ctx=len(prompt) + args.max_tokens // 2)
+        st.update({"build": build, "floor_us": round(rl["floor_us"], 1),
+                   "pct_of_roofline": round(100 * rl["floor_us"] / st["decode_us_per_token"], 1)})
+        gpu_stats = st
     dt = time.perf_counter() - t0
     out = {"tokens": tokens, "seconds": round(dt, 3), "device": args.device}
+    if args.device != "cpu":
+        out["gpu"] = gpu_stats
     if args.verify:
-        ref = hf_greedy(graph.hf_model(), prompt, args.max_tokens)
-        out["verify"] = {"hf_tokens": ref, "identical": ref == tokens}
+        hf_dev = "cuda" if args.device != "cpu" else "cpu"
+        ref = hf_greedy(graph.hf_model(device=hf_dev), prompt, args.max_tokens)
+        first = next((i for i, (x, y) in enumerate(zip(tokens, ref)) if x != y), None)
+        out["verify"] = {"hf_tokens": ref, "identical": ref == tokens, "first_difference": first}
     if tok:
         out["text"] = tok.decode(tokens)
     if args.json:
         print(json.dumps(out))
     else:
-        print(out["text"] if tok else " ".join(str(t) for t in tokens))
+        if args.device == "cpu":   # the GPU path streamed its text chunk by chunk already
+            print(out["text"] if tok else " ".join(str(t) for t in tokens))
         print(f"[{len(tokens)} tokens in {dt:.2f} s on {args.device}]", file=sys.stderr)
+        if args.device != "cpu":
+            s = out["gpu"]
+            print(f"[decode {s['decode_us_per_token']} us/token, {s['tokens_per_s']} tokens/s, "
+                  f"{s['pct_of_roofline']}% of the {s['floor_us']} us roofline; prefill {s['prefill_tokens']} "
+                  f"tokens token-by-token in {s['prefill_s']:.2f} s; sync check {s['sync_check']}]", file=sys.stderr)
         if args.verify:
-            print(f"[verify vs transformers greedy: {'identical' if out['verify']['identical'] else 'DIFFERENT'}]",
-                  file=sys.stderr)
+            v = out["verify"]
+            print("[verify vs transformers greedy: " + ("identical" if v["identical"] else
+                  f"DIFFERENT from generated token {v['first_difference']} "
+                  "(scripts/greedy_divergence.py prints both logits there)") + "]", file=sys.stderr)
     return EXIT_OK if not args.verify or out["verify"]["identical"] else EXIT_REJECTED
 
 
@@ -283,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-ids", help="comma-separated token ids")
     g.add_argument("--prompt", help="prompt text (needs tokenizer.json in the checkpoint directory)")
     g.add_argument("--max-tokens", type=int, default=16)
-    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="cuda: the megakernel; cpu: the reference VM; auto (default): cuda when a GPU is present")
     g.add_argument("--gpu", default="h100")
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None)
     g.add_argument("--config")

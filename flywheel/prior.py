@@ -1,11 +1,12 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
-Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8, prefetch_depth 0 and
-gemv/mlp/lm_head rows 32/64/128 run llama-3.2-1b bf16 at ctx 512 in 1584 us vs 2254 us for the first defaults
-(attn_splits 1, prefetch_depth 2, rows 16/32/64).
+Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8, prefetch_depth 0,
+qkv_head_split 2, wait_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/128 run llama-3.2-1b bf16 at ctx 512 in
+~1500 us, vs 1584 us before the last three and 2254 us for the first defaults (attn_splits 1, prefetch_depth 2,
+rows 16/32/64).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
-derived from ``KNOBS``. Every knob changes the lowered program or the kernel build; tests/schedule/test_knobs.py
+derived from ``KNOBS``. Every knob changes the lowered program, the kernel build or a launch parameter; tests/schedule/test_knobs.py
 proves it knob by knob.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ class Knob:
     choices: tuple = ()            # allowed values (ints / strings / bools); empty when a range is given
     range: tuple[int, int] | None = None   # inclusive [lo, hi] for ints
     multiple_of: int = 1
-    affects: str = "program"       # "program" (lowering) or "build" (kernel compile flags / launch)
+    affects: str = "program"       # "program" (lowering), "build" (kernel compile flags) or "launch" (a launch
+                                   # parameter of the built kernel: vm.loader.launch_knobs)
     doc: str = ""
 
     def check(self, value: Any) -> str | None:
@@ -46,7 +48,7 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("gemv_rows", int, 32, choices=(4, 8, 16, 32, 64, 128),
+    Knob("gemv_rows", int, 16, choices=(4, 8, 16, 32, 64, 128),
          doc="output rows per GEMV task for o_proj and down_proj (smaller = more, finer tasks)"),
     Knob("mlp_rows", int, 64, choices=(4, 8, 16, 32, 64, 128),
          doc="output rows per fused gate/up (SiLU*up) task"),
@@ -54,6 +56,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="vocabulary rows per LM-head task"),
     Knob("qkv_heads", int, 1, choices=(1, 2, 4, 8),
          doc="query heads per QKV task (a task never straddles a KV group); K and V are one head per task"),
+    Knob("qkv_head_split", int, 2, choices=(1, 2, 4, 8),
+         doc="QKV tasks per head (each takes a slice of the head's RoPE pairs) so the QKV phase uses more SMs; "
+             "only with qkv_heads=1 and no QK-norm (Qwen3 keeps whole heads), and only where it divides head_dim/2"),
     Knob("attn_splits", int, 8, range=(1, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax"),
     Knob("sm_assignment", str, "list", choices=("list", "lpt", "round_robin"),
@@ -67,6 +72,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="add the residual inside the o_proj/down_proj tile instead of separate ADD tasks"),
     Knob("threads_per_block", int, 512, range=(128, 1024), multiple_of=32, affects="build",
          doc="threads per persistent block (kernel build flag and launch)"),
+    Knob("wait_prefetch_kb", int, 64, choices=(0, 32, 64, 128, 256), affects="launch",
+         doc="KB of a task's own weights asked into L2 when it must wait on a counter (0 = off): HBM works while "
+             "the SM waits; tasks that need not wait prefetch nothing"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
 )

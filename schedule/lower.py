@@ -138,16 +138,20 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         jobs = [(QKV_MODE_Q, "q", wq, q, h0, hn, c.n_heads)
                 for h0, hn in ((kvh * G + s, n) for s, n in _tiles(G, cfg.qkv_heads))]
         jobs += [(QKV_MODE_K, "k", wk, kc, kvh, 1, nkv), (QKV_MODE_V, "v", wv, vc, kvh, 1, nkv)]
+        # head split: qkv_head_split tasks per head, each a slice of the RoPE pairs (needs whole heads otherwise)
+        hs = cfg.qkv_head_split if (cfg.qkv_heads == 1 and not qkn and (hd // 2) % cfg.qkv_head_split == 0) else 1
         for mode, m, w, dst, h0, hn, nh in jobs:
             ins = [xin, w, io["pos"], io["inv_freq"]]
             ins += ([nw] if nw is not None else []) + ([bias[m]] if bias else [])
             has_qkn = bool(qkn) and m != "v"
             ins += [qkn[m]] if has_qkn else []
-            b.task("QKV_ROPE", ins, [dst],
-                   {"mode": mode, "head_start": h0, "head_count": hn, "head_dim": hd, "k": H, "n_heads": nh,
-                    "max_seq": S, "has_norm": int(nw is not None), "has_bias": int(bool(bias)),
-                    "has_qknorm": int(has_qkn), "eps": c.rms_eps, "qk_eps": c.rms_eps},
-                   [cin], c_qkv, f"L{l}.{m}[{h0}:{h0 + hn}]")
+            for ps, pc in (_tiles(hd // 2, hd // 2 // hs) if hs > 1 else [(0, 0)]):
+                b.task("QKV_ROPE", ins, [dst],
+                       {"mode": mode, "head_start": h0, "head_count": hn, "head_dim": hd, "k": H, "n_heads": nh,
+                        "max_seq": S, "has_norm": int(nw is not None), "has_bias": int(bool(bias)),
+                        "has_qknorm": int(has_qkn), "pair_start": ps, "pair_count": pc, "eps": c.rms_eps,
+                        "qk_eps": c.rms_eps},
+                       [cin], c_qkv, f"L{l}.{m}[{h0}:{h0 + hn}]" + (f".p{ps}" if pc else ""))
         ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
         ains = [q, kc, vc, io["pos"]]
         if splits == 1:

@@ -1,15 +1,18 @@
 """Per-opcode static facts used by the validator, the cost model and the loader: which element ranges of which
 buffers a task reads and writes, and how many HBM bytes / flops it costs.
 
-Regions are half-open element ranges ``[lo, hi)`` of the flattened buffer. Accesses whose place depends on the
-run-time position (the KV-cache slot) are widened to everything they could touch, so the race check is sound.
+Regions are half-open element ranges ``[lo, hi)`` of the flattened buffer, except for KV caches: the position of
+a cache access is known only at run time, so a KV_CACHE ``[n_kv, S, hd]`` is tracked in *(head, column)*
+coordinates: element (h, p, d) maps to ``h*hd + d`` for every position p. Two accesses can touch a common element
+only if their (head, column) ranges overlap, so the race check stays sound, and tasks that write disjoint columns
+of one head's row (a head split over several QKV tasks) are told apart.
 The CPU semantics of each opcode live in ``vm/reference_vm.py``; the opcode table in ``vm/abi.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vm.abi import OPCODES, QKV_MODE_Q, QKV_MODE_V
+from vm.abi import OPCODES, QKV_MODE_V
 
 
 @dataclass(frozen=True)
@@ -65,24 +68,21 @@ def accesses(task, numel) -> list[Access]:
             rng("residual", r0, r0 + rn)
         rng("y" if op == "GEMV" else "h", r0, r0 + rn, True)
     elif op == "QKV_ROPE":
-        h0, hn, hd, K = _p(task, "head_start"), _p(task, "head_count"), _p(task, "head_dim"), _p(task, "k")
-        mode, S = _p(task, "mode"), _p(task, "max_seq")
+        K = _p(task, "k")
         whole("x"); whole("pos"); whole("inv_freq")
-        rng("w", h0 * hd * K, (h0 + hn) * hd * K)
         for opt in ("norm_w", "qk_norm_w"):
             if opt in s:
                 whole(opt)
-        if "bias" in s:
-            rng("bias", h0 * hd, (h0 + hn) * hd)
-        if mode == QKV_MODE_Q:
-            rng("dst", h0 * hd, (h0 + hn) * hd, True)
-        else:  # cache [n_kv, S, hd]: the slot is pos, known only at run time -> the heads' whole slices
-            rng("dst", h0 * S * hd, (h0 + hn) * S * hd, True)
+        for a, b in qkv_rows(task):   # output rows: of w and bias; of q, or (head, column) of the cache row pos
+            rng("w", a * K, b * K)
+            if "bias" in s:
+                rng("bias", a, b)
+            rng("dst", a, b, True)
     elif op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        g, G, hd, S = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim"), _p(task, "max_seq")
+        g, G, hd = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim")
         rng("q", g * G * hd, (g + 1) * G * hd)
-        rng("k_cache", g * S * hd, (g + 1) * S * hd)
-        rng("v_cache", g * S * hd, (g + 1) * S * hd)
+        rng("k_cache", g * hd, (g + 1) * hd)    # (head, column) coordinates: all positions of head g
+        rng("v_cache", g * hd, (g + 1) * hd)
         whole("pos")
         if op == "ATTN_DECODE":
             rng("out", g * G * hd, (g + 1) * G * hd, True)
@@ -106,6 +106,17 @@ def accesses(task, numel) -> list[Access]:
     return out
 
 
+def qkv_rows(task) -> list[tuple[int, int]]:
+    """Output row ranges of a QKV_ROPE task: whole heads [h0*hd, (h0+hn)*hd), or with pair_count > 0 the RoPE
+    pairs [ps, ps+pc) of head h0: rows h0*hd + [ps, ps+pc) and h0*hd + hd/2 + [ps, ps+pc)."""
+    h0, hn, hd = _p(task, "head_start"), _p(task, "head_count"), _p(task, "head_dim")
+    ps, pc = int(task.params.get("pair_start", 0)), int(task.params.get("pair_count", 0))
+    if not pc:
+        return [(h0 * hd, (h0 + hn) * hd)]
+    a = h0 * hd + ps
+    return [(a, a + pc), (a + hd // 2, a + hd // 2 + pc)]
+
+
 def weight_ranges(task, numel) -> list[Access]:
     """The read accesses of WEIGHT-like slots (streamed, prefetchable)."""
     return [a for a in accesses(task, numel) if not a.write and a.slot in ("w", "w_gate", "w_up", "table")]
@@ -116,8 +127,8 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     byts = 0
     for a in accesses(task, numel):
         n = a.hi - a.lo
-        if task.op == "QKV_ROPE" and a.slot == "dst" and _p(task, "mode") != QKV_MODE_Q:
-            n = _p(task, "head_count") * _p(task, "head_dim")   # one cache row per head, not the widened slice
+        if task.op in ("ATTN_DECODE", "ATTN_PARTIAL") and a.slot in ("k_cache", "v_cache"):
+            n *= _p(task, "max_seq")                           # every position of the head (full context)
         elif task.op == "EMBED" and a.slot == "table":
             n = _p(task, "col_count")                          # one row of the table, not all of it
         byts += n * itemsize(a.buffer)
@@ -126,10 +137,10 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
         m = 2 if task.op == "GEMV_SILU_MUL" else 1
         flops = 2 * m * _p(task, "row_count") * _p(task, "k")
     elif task.op == "QKV_ROPE":
-        flops = 2 * _p(task, "head_count") * _p(task, "head_dim") * _p(task, "k")
+        flops = 2 * sum(b - a for a, b in qkv_rows(task)) * _p(task, "k")
     elif task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
         flops = 4 * _p(task, "group") * _p(task, "head_dim") * _p(task, "max_seq")
     return byts, flops
 
 
-__all__ = ["Access", "accesses", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]
+__all__ = ["Access", "accesses", "qkv_rows", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]

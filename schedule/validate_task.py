@@ -13,7 +13,7 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 # iparams that may be omitted (packed as 0): the optional-input flags and the sliding window.
-DEFAULTED_IPARAMS = {"window"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
+DEFAULTED_IPARAMS = {"window", "pair_start", "pair_count"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
                        ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
@@ -185,6 +185,14 @@ class TaskChecks:
             need(K == numel("x"), f"k={K} != x size {numel('x')}")
             need(shape("w") == (H * hd, K), f"w shape {shape('w')} != (n_heads*head_dim, k) = ({H * hd}, {K})")
             need(numel("inv_freq") == hd // 2, "inv_freq size != head_dim/2")
+            ps, pc = P.get("pair_start", 0), P.get("pair_count", 0)
+            if pc:   # a slice of RoPE pairs (rows ps.. and hd/2+ps..) of one head
+                need(0 <= ps and pc >= 1 and ps + pc <= hd // 2,
+                     f"RoPE pairs [{ps}, {ps + pc}) outside [0, head_dim/2={hd // 2})")
+                need(hn == 1, f"a pair slice covers one head, not head_count={hn}")
+                need("qk_norm_w" not in s, "QK-norm needs the whole head: pair_count must be 0 with has_qknorm")
+            else:
+                need(ps == 0, f"pair_start {ps} without pair_count")
             if "qk_norm_w" in s:
                 need(numel("qk_norm_w") == hd, "qk_norm_w size != head_dim")
             if "norm_w" in s:

@@ -84,7 +84,7 @@ _OPS = [
     # per-head projection tile + bias + QK-norm + RoPE; mode Q writes q[head], K/V append to cache[head, pos]
     OpSpec("QKV_ROPE", 5, "gemv", ("x", "w", "pos", "inv_freq"), ("dst",),
            ("mode", "head_start", "head_count", "head_dim", "k", "n_heads", "max_seq",
-            "has_norm", "has_bias", "has_qknorm"), ("eps", "qk_eps"),
+            "has_norm", "has_bias", "has_qknorm", "pair_start", "pair_count"), ("eps", "qk_eps"),
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("qk_norm_w", "has_qknorm"))),
     # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]
     OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),

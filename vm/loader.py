@@ -131,6 +131,14 @@ def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0)
     return 0
 
 
+def launch_knobs(config) -> dict[str, int]:
+    """The launch parameters a ScheduleConfig (dict) sets on an already built kernel (knobs with affects='launch')."""
+    from flywheel.prior import KNOB_BY_NAME
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    kb = int(d.get("wait_prefetch_kb", KNOB_BY_NAME["wait_prefetch_kb"].default))
+    return {"wait_prefetch_bytes": kb * 1024}
+
+
 def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
     """L2 prefetch bytes per look-ahead task: the window (depth tasks per block) fits in a share of L2
     (``fraction``, default $AMK_L2_PREFETCH_FRACTION or 0.5)."""
@@ -240,7 +248,7 @@ class MegakernelVM:
     def __init__(self, program: MegakernelProgram, weights: dict[str, Any], device: str = "cuda",
                  timeout_s: float = 2.0, check: bool = True, threads: int | None = None,
                  prefetch_depth: int | None = None, tma: bool | None = None,
-                 prefetch_fraction: float | None = None):
+                 prefetch_fraction: float | None = None, wait_prefetch_kb: int | None = None):
         import torch
         from vm import jit
         if check:
@@ -309,6 +317,8 @@ class MegakernelVM:
         # -- tables ---------------------------------------------------------------------------------------------
         l2 = int(getattr(props, "L2_cache_size", 0) or program.target.l2_bytes)
         self.prefetch_cap = prefetch_cap_bytes(l2, self.grid, self.prefetch_depth, prefetch_fraction)
+        self.wait_prefetch_bytes = (launch_knobs(program.config)["wait_prefetch_bytes"] if wait_prefetch_kb is None
+                                    else int(wait_prefetch_kb) * 1024)
         ptr = lambda bid: int(self.tensors[bid].data_ptr())  # noqa: E731
         self.instrs_np = pack_instructions(program, ptr, int(info["stage_bytes"]) if self.ring_bytes else 0)
         self.n_streamed = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_STREAM) != 0).sum())
@@ -369,7 +379,7 @@ class MegakernelVM:
     def _launch(self) -> None:
         self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
                         self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
-                        self._trace_ptr)
+                        self._trace_ptr, self.wait_prefetch_bytes)
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),

@@ -97,6 +97,25 @@ def op_qkv_rope(vm, t):
     if not 0 <= pos < S:
         raise VMError(f"task {t.id} QKV_ROPE: position {pos} outside the KV cache [0, {S})")
     x = _gemv_input(vm, t, s)
+    ps, pc = int(p.get("pair_start", 0)), int(p.get("pair_count", 0))
+    if pc:   # RoPE pairs [ps, ps+pc) of head h0: rows ps.. and hd/2+ps.. of the head
+        half = hd // 2
+        rows = torch.cat([torch.arange(ps, ps + pc), torch.arange(half + ps, half + ps + pc)]) + h0 * hd
+        y = vm.buf(s["w"])[rows].float() @ x                     # [2*pc]: (a_i..., b_i...)
+        if p.get("has_bias"):
+            y = y + vm.buf(s["bias"])[rows].float()
+        if mode != QKV_MODE_V:
+            ang = float(pos) * vm.buf(s["inv_freq"]).float()[ps:ps + pc]
+            a, b = y[:pc], y[pc:]
+            y = torch.cat([a * torch.cos(ang) - b * torch.sin(ang), b * torch.cos(ang) + a * torch.sin(ang)])
+        dst = vm.buf(s["dst"])
+        if mode == QKV_MODE_Q:
+            dst[rows] = y
+        elif mode in (QKV_MODE_K, QKV_MODE_V):
+            dst[h0, pos, rows - h0 * hd] = y.to(dst.dtype)
+        else:
+            raise VMError(f"task {t.id} QKV_ROPE: bad mode {mode}")
+        return
     y = vm.buf(s["w"])[h0 * hd:(h0 + hn) * hd].float() @ x        # [hn*hd]
     if p.get("has_bias"):
         y = y + vm.buf(s["bias"])[h0 * hd:(h0 + hn) * hd].float()

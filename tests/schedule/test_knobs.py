@@ -1,4 +1,5 @@
-"""Every knob in flywheel.prior.KNOBS changes the lowered program (affects="program") or the build (affects="build").
+"""Every knob in flywheel.prior.KNOBS changes the lowered program (affects="program"), the build (affects="build")
+or the launch parameters (affects="launch").
 
 For each knob and each alternative value (all choices; a few points of a range), the toy program's JSON without
 ``config``/``meta`` (which would differ trivially) must differ from the default's, and a structural check per knob
@@ -74,6 +75,17 @@ def _check_qkv_heads(p, v):
     assert _count(p, "QKV_ROPE") == C.n_layers * C.n_kv_heads * per_group
 
 
+def _check_qkv_head_split(p, v):
+    split = v if (C.head_dim // 2) % v == 0 and not C.qk_norm else 1
+    tasks = [t for t in p.tasks if t.op == "QKV_ROPE"]
+    assert len(tasks) == C.n_layers * C.n_kv_heads * (C.group + 2) * split
+    if split > 1:   # each task: an equal slice of one head's RoPE pairs, together covering every pair once
+        assert {t.params["pair_count"] for t in tasks} == {C.head_dim // 2 // split}
+        assert {t.params["head_count"] for t in tasks} == {1}
+        l0 = [t for t in tasks if t.label.startswith("L0.q[0:1]")]
+        assert sorted(t.params["pair_start"] for t in l0) == list(range(0, C.head_dim // 2, C.head_dim // 2 // split))
+
+
 def _check_attn_splits(p, v):
     if v == 1:   # one task per kv head writes the output directly: no partials, no merge
         assert _count(p, "ATTN_DECODE") == C.n_kv_heads * C.n_layers
@@ -108,7 +120,7 @@ def _check_fuse_residual(p, v):
 
 
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
-              "qkv_heads": _check_qkv_heads, "attn_splits": _check_attn_splits,
+              "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual}
 
@@ -154,3 +166,17 @@ def test_build_knob_changes_the_build(knob, value):
     if flags is None:
         pytest.xfail("vm.jit exposes no build flags yet: they cannot be compared")
     assert flags(cfg) != flags(defaults()), f"{knob.name}={value!r} left the build flags unchanged"
+
+
+@pytest.mark.parametrize("knob,value", [(k, v) for k, v in CASES if k.affects == "launch"],
+                         ids=[f"{k.name}={v}" for k, v in CASES if k.affects == "launch"])
+def test_launch_knob_changes_the_launch(knob, value):
+    from vm.loader import launch_knobs
+    prog = _lower(**{knob.name: value})
+    assert prog.config[knob.name] == value        # reaches the program the VM launches
+    assert launch_knobs(prog.config) != launch_knobs(BASE.config), f"{knob.name}={value!r} left the launch unchanged"
+
+
+def test_every_knob_affects_something_known():
+    assert {k.affects for k in KNOBS} <= {"program", "build", "launch"}
+    assert any(k.affects == "launch" for k in KNOBS)

@@ -20,7 +20,7 @@ def test_task_counts_default_toy():
     # toy: hidden 96, inter 176, 2 layers, 6 heads / 2 kv, vocab 313
     g = load_model("toy")
     p = lower(g, TARGETS["h100"], ScheduleConfig(gemv_rows=16, mlp_rows=32, lm_head_rows=64, qkv_heads=1,
-                                                 attn_splits=1))
+                                                 qkv_head_split=1, attn_splits=1))
     ops = _ops(p)
     assert ops["QKV_ROPE"] == 2 * (6 + 2 + 2)                  # per layer: 6 q heads + 2 k + 2 v
     assert ops["ATTN_DECODE"] == 2 * 2                          # per kv head
@@ -33,7 +33,7 @@ def test_task_counts_default_toy():
 
 def test_attention_waits_only_for_its_group():
     g = load_model("toy")
-    p = lower(g, TARGETS["h100"], {"qkv_heads": 1, "attn_splits": 1})
+    p = lower(g, TARGETS["h100"], {"qkv_heads": 1, "qkv_head_split": 1, "attn_splits": 1})
     for t in p.tasks:
         if t.op == "ATTN_DECODE":
             (w,) = t.waits

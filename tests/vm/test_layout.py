@@ -80,6 +80,7 @@ def test_weight_ranges_and_stream_flags():
     from schedule.graph import ModelConfig, ModelGraph, load_model, random_weights
     from schedule.ir import TARGETS
     from schedule.lower import lower
+    from schedule.ops import qkv_rows
     g = load_model("toy", dtype="bf16")
     prog = lower(g, TARGETS["h100"], {"num_sms": 4}, max_seq=16)
     base = {b.id: 0x10000000 * (b.id + 1) for b in prog.buffers}
@@ -91,8 +92,14 @@ def test_weight_ranges_and_stream_flags():
             assert list(r["prefetch_bytes"]) == [rows * K * 2] * 2
             assert r["prefetch_ptr"][0] == base[t.inputs[1]] + t.params["row_start"] * K * 2
             assert r["prefetch_ptr"][1] == base[t.inputs[2]] + t.params["row_start"] * K * 2
-        if t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE"):
+        if t.op in ("GEMV", "GEMV_SILU_MUL") or (t.op == "QKV_ROPE" and not t.params.get("pair_count")):
             assert r["flags"] & abi.INSTR_FLAG_STREAM, t.op
+        elif t.op == "QKV_ROPE":   # a slice of RoPE pairs is two row ranges: register path, both prefetchable
+            assert not r["flags"] & abi.INSTR_FLAG_STREAM
+            (a0, a1), (b0, b1) = qkv_rows(t)
+            K = t.params["k"]
+            assert list(r["prefetch_bytes"]) == [(a1 - a0) * K * 2, (b1 - b0) * K * 2]
+            assert r["prefetch_ptr"][1] == base[t.inputs[1]] + b0 * K * 2
         else:
             assert r["flags"] == 0 and (t.op != "EMBED" or r["prefetch_bytes"].sum() == 0)
     assert not (pack_instructions(prog, base.__getitem__, stage_bytes=0)["flags"] != 0).any()

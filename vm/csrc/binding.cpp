@@ -24,7 +24,8 @@ void check_tensor(const torch::Tensor& t, const char* name, c10::ScalarType dtyp
 // trace_ptr: 0 or the address of an int64 CUDA tensor [n_instrs * AMK_TRACE_WORDS] (per-task timestamps).
 void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, const torch::Tensor& queue_items,
             const torch::Tensor& bufs, const torch::Tensor& sync, int64_t n_counters, int64_t status_offset,
-            int64_t grid, int64_t smem_bytes, int64_t timeout_ns, int64_t prefetch_cap, int64_t trace_ptr) {
+            int64_t grid, int64_t smem_bytes, int64_t timeout_ns, int64_t prefetch_cap, int64_t trace_ptr,
+            int64_t wait_prefetch_bytes) {
   const torch::Device dev = instrs.device();
   check_tensor(instrs, "instrs", torch::kUInt8, dev);
   check_tensor(queue_offsets, "queue_offsets", torch::kInt32, dev);
@@ -48,6 +49,9 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
   p.status = sync.data_ptr<int32_t>() + status_offset;
   p.timeout_ns = timeout_ns;
   p.prefetch_cap = prefetch_cap;
+  TORCH_CHECK(wait_prefetch_bytes >= 0 && wait_prefetch_bytes <= (1 << 30), "amk launch: wait_prefetch_bytes ",
+              wait_prefetch_bytes, " out of [0, 2^30]");
+  p.wait_prefetch_bytes = (int32_t)wait_prefetch_bytes;
   p.trace = reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(trace_ptr));
   p.n_instrs = (int32_t)(instrs.numel() / (int64_t)sizeof(AmkInstr));
   p.n_bufs = (int32_t)(bufs.numel() / (int64_t)sizeof(AmkBufDesc));

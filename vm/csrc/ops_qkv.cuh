@@ -2,6 +2,8 @@
 // per-head QK-norm (Qwen3), RoPE (rotate-half, pairs (i, i+hd/2), angle = float(pos) * inv_freq[i]) and the write:
 //   mode Q: q[(h0+h)*hd + d] (fp32 activation)
 //   mode K/V: cache[h0+h, pos, d] in the cache dtype (round to nearest even); V gets no norm and no RoPE.
+// pair_count > 0 (no QK-norm, one head): only the RoPE pairs [ps, ps+pc) of head h0, i.e. rows ps.. and hd/2+ps..;
+// both halves stream together as the two matrices of one tile, so a head can be spread over several SMs.
 // pos is checked against [0, max_seq): BAD_INPUT otherwise (no write).
 // smem: xs[pad4(K)] | ys[pad4(hn*hd)] | stash (streamed tasks, see ops_gemv.cuh)
 #pragma once
@@ -17,6 +19,22 @@ __device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs,
     float v = a[0];
     if (bias) v += amk_ldw(bias, bias_dt, row0 + r);
     ys[r] = v;
+  });
+}
+
+// Pair slice: ys[r] = row (row0 + r) and ys[pc + r] = row (row0 + half + r), r < pc.
+template <class T>
+__device__ __noinline__ void amk_qkv_pairs_body(const AmkCtx& c, const float* xs, int row0, int half, int pc, int K,
+                                                const char* wbase, const void* bias, int bias_dt, float* ys) {
+  const char* W[2] = {wbase + (size_t)row0 * K * T::BYTES, wbase + (size_t)(row0 + half) * K * T::BYTES};
+  amk_gemv_rows<T, 2>(c, W, K, pc, xs, ys + amk_pad4(2 * pc), [&](int r, const float (&a)[2]) {
+    float v0 = a[0], v1 = a[1];
+    if (bias) {
+      v0 += amk_ldw(bias, bias_dt, row0 + r);
+      v1 += amk_ldw(bias, bias_dt, row0 + half + r);
+    }
+    ys[r] = v0;
+    ys[pc + r] = v1;
   });
 }
 
@@ -43,6 +61,39 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   const int row0 = h0 * hd;
   const char* wbase = (const char*)amk_ptr(c, AMK_QKV_ROPE_IN_W);
+  const int ps = in.ip[AMK_QKV_ROPE_IP_PAIR_START], pc = in.ip[AMK_QKV_ROPE_IP_PAIR_COUNT];
+  const int half = hd >> 1, lane = amk_lane();
+  if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
+    amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
+      amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys);
+    });
+    __syncthreads();
+    if (*c.flag) return;
+    const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);
+    const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
+    void* dst = amk_ptr(c, s_dst);
+    const int dst_dt = amk_dtype(c, s_dst);
+    const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)h0 * hd : ((int64_t)h0 * S + pos) * hd;
+    for (int i = amk_tid(); i < pc; i += AMK_THREADS) {
+      float o1 = ys[i], o2 = ys[pc + i];
+      if (mode != AMK_QKV_MODE_V) {
+        const float ang = __fmul_rn((float)pos, amk_ldw(inv_freq, inv_dt, ps + i));
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float a = o1, b = o2;
+        o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+        o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+      }
+      if (mode == AMK_QKV_MODE_Q) {
+        ((float*)dst)[base + ps + i] = o1;
+        ((float*)dst)[base + half + ps + i] = o2;
+      } else {
+        amk_store_elem(dst, dst_dt, base + ps + i, o1);
+        amk_store_elem(dst, dst_dt, base + half + ps + i, o2);
+      }
+    }
+    return;
+  }
   amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
     amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys);
   });
@@ -56,7 +107,6 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   void* dst = amk_ptr(c, s_dst);
   const int dst_dt = amk_dtype(c, s_dst);
   const float qk_eps = in.fp[AMK_QKV_ROPE_FP_QK_EPS];
-  const int half = hd >> 1, lane = amk_lane();
   for (int h = amk_warp(); h < hn; h += AMK_NWARPS) {  // one warp per head
     float* y = ys + h * hd;
     // element index of (head h0+h, dim 0) in the destination

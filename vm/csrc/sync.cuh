@@ -26,14 +26,45 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
+// Thread 0, when a task is about to spin on an unsatisfied wait: ask L2 for the first `cap` bytes of the task's
+// weight ranges (p.wait_prefetch_bytes, knob wait_prefetch_kb), so the HBM works for this SM while it waits
+// (weights never wait on activations). Tasks whose waits are already satisfied issue nothing: no extra traffic
+// competes with SMs that are streaming.
+__device__ __forceinline__ void amk_wait_prefetch(const AmkInstr& in, int64_t cap) {
+  if (cap <= 0) return;
+  const int nr = in.prefetch_bytes[1] > 0 ? 2 : 1;
+  for (int k = 0; k < nr && k < AMK_MAX_PREFETCH; ++k) {
+    const uint64_t ptr = in.prefetch_ptr[k];
+    int64_t bytes = (int64_t)in.prefetch_bytes[k];
+    if (ptr == 0 || bytes <= 0) continue;
+    if (bytes > cap / nr) bytes = cap / nr;
+    const uint64_t base = (ptr + 15) & ~15ull;  // 16-byte aligned, inside the range
+    bytes = (int64_t)(((ptr + (uint64_t)bytes) & ~15ull) - base);
+    constexpr int64_t CH = 16384;
+    for (int64_t off = 0; off < bytes; off += CH) {
+      const unsigned sz = (unsigned)((bytes - off) < CH ? (bytes - off) : CH);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + off), "r"(sz) : "memory");
+#else
+      for (unsigned b = 0; b < sz; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(base + off + b));
+#endif
+    }
+  }
+}
+
 // Thread 0 only. Returns 1 if the block must stop (abort flag seen, or this wait timed out and was reported).
 __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, int sm) {
   if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
+  bool prefetched = false;
   for (int w = 0; w < nw; ++w) {
     const int c = in.wait_counter[w], thr = in.wait_threshold[w];
     const int32_t* ctr = p.counters + c;
     if (amk_ld_acquire(ctr) >= thr) continue;
+    if (!prefetched) {
+      amk_wait_prefetch(in, p.wait_prefetch_bytes);
+      prefetched = true;
+    }
     const uint64_t t0 = amk_globaltimer();
     unsigned ns = 16;
     for (;;) {
