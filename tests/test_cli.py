@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from eval.equivalence import hf_greedy
 from tests.conftest import small_graph
@@ -77,3 +78,30 @@ def test_generate_cpu_matches_transformers(tmp_path):
             "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tokens"] == hf_greedy(g.hf_model(), [5, 9, 200], 12)
+
+
+def test_generate_auto_device_without_gpu_runs_on_cpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: --device auto picks cuda")
+    r = amk("generate", "toy", "--prompt-ids", "3,4", "--max-tokens", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["device"] == "cpu" and len(out["tokens"]) == 3
+
+
+@pytest.mark.cuda
+def test_generate_gpu_reports_stats_and_matches_the_reference(tmp_path):
+    """GPU generate: tokens = the reference VM's greedy decode; decode timing, roofline and the sync check present."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = small_graph("llama-tied-rope3", seed=21)
+    g.hf_model().save_pretrained(tmp_path / "ck")
+    r = amk("generate", tmp_path / "ck", "--prompt-ids", "5,9,200", "--max-tokens", "40", "--device", "cuda",
+            "--verify", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verify"]["identical"] and out["tokens"] == hf_greedy(g.hf_model(), [5, 9, 200], 40)
+    st = out["gpu"]
+    assert st["chunks"] == 2 and st["prefill_tokens"] == 2 and st["decode_us_per_token"] > 0
+    assert st["sync_check"].startswith("passed: 0 host syncs in 40 decode steps")
+    assert 0 < st["pct_of_roofline"] <= 100
