@@ -79,13 +79,17 @@ def op_gemv_silu_mul(vm, t):
     vm.buf(s["h"])[r0:r0 + rn] = torch.nn.functional.silu(g) * u
 
 
+def _rotate(x1: torch.Tensor, x2: torch.Tensor, pos: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    # pairs (x1[i], x2[i]) at angle pos * inv_freq[i] -> cat(rotated x1, rotated x2) along the last dim
+    ang = float(pos) * inv_freq                                   # fp32
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def _rope(x: torch.Tensor, pos: int, inv_freq: torch.Tensor) -> torch.Tensor:
     # x: [hn, hd]; rotate-half convention (HF Llama): pairs (i, i + hd/2)
-    ang = float(pos) * inv_freq                                   # [hd/2], fp32
-    cos, sin = torch.cos(ang), torch.sin(ang)
     half = x.shape[-1] // 2
-    x1, x2 = x[:, :half], x[:, half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return _rotate(x[:, :half], x[:, half:], pos, inv_freq)
 
 
 def op_qkv_rope(vm, t):
@@ -105,9 +109,7 @@ def op_qkv_rope(vm, t):
         if p.get("has_bias"):
             y = y + vm.buf(s["bias"])[rows].float()
         if mode != QKV_MODE_V:
-            ang = float(pos) * vm.buf(s["inv_freq"]).float()[ps:ps + pc]
-            a, b = y[:pc], y[pc:]
-            y = torch.cat([a * torch.cos(ang) - b * torch.sin(ang), b * torch.cos(ang) + a * torch.sin(ang)])
+            y = _rotate(y[:pc], y[pc:], pos, vm.buf(s["inv_freq"]).float()[ps:ps + pc])
         dst = vm.buf(s["dst"])
         if mode == QKV_MODE_Q:
             dst[rows] = y

@@ -10,6 +10,15 @@
 #include "common.cuh"
 #include "ops_gemv.cuh"
 
+// One RoPE pair (a, b) at angle pos * freq, rotate-half convention; the exact op order both QKV paths use.
+__device__ __forceinline__ void amk_rope_pair(float a, float b, int pos, float freq, float& o1, float& o2) {
+  const float ang = __fmul_rn((float)pos, freq);
+  float sn, cs;
+  sincosf(ang, &sn, &cs);
+  o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+  o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+}
+
 // ys[r] = W[row0 + r, :] . xs + bias[row0 + r]   (r < rows), per-dtype body with its own register allocation
 template <class T>
 __device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs, int row0, int rows, int K,
@@ -76,14 +85,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)h0 * hd : ((int64_t)h0 * S + pos) * hd;
     for (int i = amk_tid(); i < pc; i += AMK_THREADS) {
       float o1 = ys[i], o2 = ys[pc + i];
-      if (mode != AMK_QKV_MODE_V) {
-        const float ang = __fmul_rn((float)pos, amk_ldw(inv_freq, inv_dt, ps + i));
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
-        const float a = o1, b = o2;
-        o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-        o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
-      }
+      if (mode != AMK_QKV_MODE_V) amk_rope_pair(o1, o2, pos, amk_ldw(inv_freq, inv_dt, ps + i), o1, o2);
       if (mode == AMK_QKV_MODE_Q) {
         ((float*)dst)[base + ps + i] = o1;
         ((float*)dst)[base + half + ps + i] = o2;
@@ -124,12 +126,8 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
       __syncwarp();
     }
     for (int i = lane; i < half; i += 32) {
-      const float a = y[i], b = y[i + half];
-      const float ang = __fmul_rn((float)pos, amk_ldw(inv_freq, inv_dt, i));
-      float sn, cs;
-      sincosf(ang, &sn, &cs);
-      const float o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
-      const float o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+      float o1, o2;
+      amk_rope_pair(y[i], y[i + half], pos, amk_ldw(inv_freq, inv_dt, i), o1, o2);
       if (mode == AMK_QKV_MODE_Q) {
         ((float*)dst)[base + i] = o1;
         ((float*)dst)[base + i + half] = o2;
