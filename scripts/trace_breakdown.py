@@ -121,7 +121,8 @@ def main():
             continue
         floor = roofline(prog, ctx=a.ctx)["floor_us"]
         row = {"variant": name, "config": cfg, "build": build, "ring_bytes": vm.ring_bytes,
-               "streamed": vm.n_streamed, "correct": chk["correct"], "max_rel_err": chk["max_rel_err"],
+               "streamed": vm.n_streamed, "preload_bytes": vm.preload_bytes, "preloaded": vm.n_preloaded,
+               "correct": chk["correct"], "max_rel_err": chk["max_rel_err"],
                "latency_us": None if lat is None else round(lat, 1), "floor_us": round(floor, 1),
                "seconds": round(time.time() - t_s, 1), **bd}
         out.append(row)
@@ -135,7 +136,8 @@ def main():
             continue
         s = r["per_sm"]
         print(f"{r['variant']}: {r['latency_us']} us (floor {r['floor_us']}), correct {r['correct']}, ring "
-              f"{r['ring_bytes']} B, {r['streamed']} streamed tasks; traced span {s['span_us']} us; per SM busy "
+              f"{r['ring_bytes']} B, {r['streamed']} streamed tasks, preload {r['preload_bytes']} B for {r['preloaded']} "
+              f"tasks; traced span {s['span_us']} us; per SM busy "
               f"{s['busy_mean_us']} (min {s['busy_min_us']}, max {s['busy_max_us']}), waiting {s['wait_mean_us']}, "
               f"other {s['other_mean_us']}")
         print(f"  {'family':12s} {'tasks':>6s} {'wait us':>8s} {'exec us':>8s} {'exec tot':>9s} {'GB/s/task':>9s}")

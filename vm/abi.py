@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -39,6 +39,7 @@ STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIM
 
 # AmkInstr.flags bits
 INSTR_FLAG_STREAM = 1   # weights stream through the shared-memory ring (bulk copies); set only for sm_90+ builds
+INSTR_FLAG_PRELOAD = 2  # the whole weight tile is bulk-copied into the preload buffer before the task's wait (sm_90+)
 
 # QKV_ROPE modes
 QKV_MODE_Q, QKV_MODE_K, QKV_MODE_V = 0, 1, 2
@@ -165,7 +166,8 @@ def render_header() -> str:
     L.append(f"#define AMK_STATUS_WORDS {len(STATUS_FIELDS)}")
     for code, nm in ((STATUS_BAD_OPCODE, "BAD_OPCODE"), (STATUS_TIMEOUT, "TIMEOUT"), (STATUS_BAD_INPUT, "BAD_INPUT")):
         L.append(f"#define AMK_ERR_{nm} {code}")
-    L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
+    L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}",
+          f"#define AMK_INSTR_FLAG_PRELOAD {INSTR_FLAG_PRELOAD}", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
           f"#define AMK_QKV_MODE_V {QKV_MODE_V}", ""]
     for op in _OPS:
         L.append(f"#define AMK_OP_{op.name} {op.code}")

@@ -9,7 +9,9 @@ cooperative persistent launch per decode step.
 
 Build knobs come from ``program.config`` (threads_per_block, prefetch_depth) and can be overridden; ``tma=True``
 selects the sm_90 bulk-copy weight ring (vm/csrc/stream.cuh, opt-in), ``prefetch_fraction`` the L2 share of the
-look-ahead prefetch window. Errors raised by a launch name the task, opcode, SM and, for timeouts, the counter.
+look-ahead prefetch window, ``preload_kb`` (default: the config's knob) the whole-tile weight preload buffer
+(vm/csrc/preload.cuh, sm_90+ builds without the ring). Errors raised by a launch name the task, opcode, SM and,
+for timeouts, the counter.
 
 Device state (all allocated once): weights (tied ones share storage), KV caches zeroed in their dtype, CONST
 tables from ``Buffer.data``, fp32 activations, the instruction / queue / buffer-descriptor tables, and one int32
@@ -35,6 +37,7 @@ STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
 STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
+PRELOAD_DETAIL = -100         # AMK_PRELOAD_DETAIL (vm/csrc/preload.cuh): TIMEOUT detail of the preload barrier
 L2_PREFETCH_FRACTION = 0.5     # default share of L2 the look-ahead prefetch window may take (all blocks)
 
 
@@ -136,7 +139,8 @@ def launch_knobs(config) -> dict[str, int]:
     from flywheel.prior import KNOB_BY_NAME
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     kb = int(d.get("wait_prefetch_kb", KNOB_BY_NAME["wait_prefetch_kb"].default))
-    return {"wait_prefetch_bytes": kb * 1024}
+    pk = int(d.get("preload_kb", KNOB_BY_NAME["preload_kb"].default))
+    return {"wait_prefetch_bytes": kb * 1024, "preload_bytes": pk * 1024}
 
 
 def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
@@ -150,10 +154,12 @@ def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | N
 
 
 def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], int] | None = None,
-                      stage_bytes: int = 0) -> np.ndarray:
+                      stage_bytes: int = 0, preload_cap: int = 0) -> np.ndarray:
     """One INSTR_DTYPE record per task (index = position in program.tasks). ``buffer_ptr(id)`` gives device
     addresses for the exact weight ranges (None: ranges left empty). ``stage_bytes`` > 0 (a build with the weight
-    ring) sets INSTR_FLAG_STREAM on GEMV-family tasks whose rows are 16-byte multiples and fit a stage."""
+    ring) sets INSTR_FLAG_STREAM on GEMV-family tasks whose rows are 16-byte multiples and fit a stage.
+    ``preload_cap`` > 0 (sm_90+, no ring) sets INSTR_FLAG_PRELOAD on GEMV-family tasks whose whole weight tile
+    (all ranges, 16-byte aligned, rows 16-byte multiples) fits that many bytes (vm/csrc/preload.cuh)."""
     bufs = program.buffers
     numel = lambda i: bufs[i].numel  # noqa: E731
     out = np.zeros(len(program.tasks), dtype=abi.INSTR_DTYPE)
@@ -182,12 +188,29 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
             r["prefetch_ptr"][k] = buffer_ptr(a.buffer) + a.lo * es
             r["prefetch_bytes"][k] = (a.hi - a.lo) * es
         nmat = STREAM_OPS.get(t.op, 0)
-        if stage_bytes > 0 and nmat and len(ranges) == nmat:
-            row_bytes = int(t.params["k"]) * bufs[ranges[0].buffer].dtype.nbytes
-            if (row_bytes % 16 == 0 and nmat * row_bytes <= stage_bytes
-                    and all(int(x) % 16 == 0 for x in r["prefetch_ptr"][:nmat])):
-                r["flags"] |= abi.INSTR_FLAG_STREAM
+        if not (nmat and ranges):
+            continue
+        row_bytes = int(t.params["k"]) * bufs[ranges[0].buffer].dtype.nbytes
+        aligned = row_bytes % 16 == 0 and all(int(x) % 16 == 0 for x in r["prefetch_ptr"][:len(ranges)])
+        if stage_bytes > 0 and len(ranges) == nmat and aligned and nmat * row_bytes <= stage_bytes:
+            r["flags"] |= abi.INSTR_FLAG_STREAM
+        elif preload_cap > 0 and aligned and int(r["prefetch_bytes"][:len(ranges)].sum()) <= preload_cap:
+            r["flags"] |= abi.INSTR_FLAG_PRELOAD
     return out
+
+
+def preload_buffer_bytes(instrs: np.ndarray) -> int:
+    """Size of the preload buffer the flagged instructions need: their largest tile, rounded up to 128 bytes."""
+    flagged = (instrs["flags"] & abi.INSTR_FLAG_PRELOAD) != 0
+    if not flagged.any():
+        return 0
+    return int(-(-int(instrs["prefetch_bytes"][flagged].sum(axis=1).max()) // 128) * 128)
+
+
+def arch_has_bulk_copy(arch: str) -> bool:
+    """sm_90 and later have cp.async.bulk + mbarrier tx counts (the preload and the weight ring need them)."""
+    digits = "".join(ch for ch in arch[3:] if ch.isdigit())
+    return arch.startswith("sm_") and bool(digits) and int(digits) >= 90
 
 
 def pack_queues(program: MegakernelProgram) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +271,8 @@ class MegakernelVM:
     def __init__(self, program: MegakernelProgram, weights: dict[str, Any], device: str = "cuda",
                  timeout_s: float = 2.0, check: bool = True, threads: int | None = None,
                  prefetch_depth: int | None = None, tma: bool | None = None,
-                 prefetch_fraction: float | None = None, wait_prefetch_kb: int | None = None):
+                 prefetch_fraction: float | None = None, wait_prefetch_kb: int | None = None,
+                 preload_kb: int | None = None):
         import torch
         from vm import jit
         if check:
@@ -304,8 +328,20 @@ class MegakernelVM:
                                   f"prefetch_depth={self.prefetch_depth}, status_len={STATUS_LEN}")
         self.ring_bytes = int(info.get("ring_bytes", 0))
         self._alloc(weights)
+        # -- the preload buffer: what the knob asks for, within what is left next to ring and op area -----------
+        knobs = launch_knobs(program.config)
+        want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
+        room = optin - STATIC_SMEM_RESERVE - op_smem - self.ring_bytes
+        preload_cap = (min(want, room) // 128 * 128
+                       if arch_has_bulk_copy(arch) and not self.ring_bytes and want > 0 else 0)
+        ptr = lambda bid: int(self.tensors[bid].data_ptr())  # noqa: E731
+        self.instrs_np = pack_instructions(program, ptr, int(info["stage_bytes"]) if self.ring_bytes else 0,
+                                           preload_cap=preload_cap)
+        self.n_streamed = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_STREAM) != 0).sum())
+        self.n_preloaded = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_PRELOAD) != 0).sum())
+        self.preload_bytes = preload_buffer_bytes(self.instrs_np)
         # -- launch geometry ----------------------------------------------------------------------------------
-        self.smem_bytes = self.ring_bytes + op_smem
+        self.smem_bytes = self.ring_bytes + self.preload_bytes + op_smem
         with torch.cuda.device(self.device):
             self.ext.prepare(self.smem_bytes)
             per_sm = int(self.ext.occupancy(self.smem_bytes))
@@ -317,11 +353,8 @@ class MegakernelVM:
         # -- tables ---------------------------------------------------------------------------------------------
         l2 = int(getattr(props, "L2_cache_size", 0) or program.target.l2_bytes)
         self.prefetch_cap = prefetch_cap_bytes(l2, self.grid, self.prefetch_depth, prefetch_fraction)
-        self.wait_prefetch_bytes = (launch_knobs(program.config)["wait_prefetch_bytes"] if wait_prefetch_kb is None
+        self.wait_prefetch_bytes = (knobs["wait_prefetch_bytes"] if wait_prefetch_kb is None
                                     else int(wait_prefetch_kb) * 1024)
-        ptr = lambda bid: int(self.tensors[bid].data_ptr())  # noqa: E731
-        self.instrs_np = pack_instructions(program, ptr, int(info["stage_bytes"]) if self.ring_bytes else 0)
-        self.n_streamed = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_STREAM) != 0).sum())
         offs, items = pack_queues(program)
         self.bufs_np = pack_buffers(program, ptr)
         dev = self.device
@@ -379,7 +412,7 @@ class MegakernelVM:
     def _launch(self) -> None:
         self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
                         self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
-                        self._trace_ptr, self.wait_prefetch_bytes)
+                        self._trace_ptr, self.wait_prefetch_bytes, self.preload_bytes)
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),
@@ -440,6 +473,9 @@ class MegakernelVM:
             known = ", ".join(f"{s.code}={s.name}" for s in abi.OPCODE_BY_CODE.values())
             return (f"megakernel trap: unknown opcode {opcode} in task {task} (instruction {detail}) on SM {sm}; "
                     f"known opcodes: {known}")
+        if code == abi.STATUS_TIMEOUT and detail == PRELOAD_DETAIL:
+            return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for its preloaded weight "
+                    f"tile (bulk copy never completed)")
         if code == abi.STATUS_TIMEOUT and detail < 0:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for weight-ring slot "
                     f"{-1 - detail} (bulk copy never completed)")
@@ -567,7 +603,8 @@ class MegakernelVM:
 
     def __repr__(self) -> str:
         return (f"MegakernelVM({len(self.program.tasks)} tasks, grid {self.grid}, {self.threads} threads, "
-                f"smem {self.smem_bytes} B (ring {self.ring_bytes} B, {self.n_streamed} streamed tasks), "
+                f"smem {self.smem_bytes} B (ring {self.ring_bytes} B, {self.n_streamed} streamed tasks; preload "
+                f"{self.preload_bytes} B, {self.n_preloaded} preloaded tasks), "
                 f"prefetch depth {self.prefetch_depth} cap {self.prefetch_cap} B)")
 
 

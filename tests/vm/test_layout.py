@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from vm import abi
-from vm.loader import AbiMismatchError, check_layout, pack_instructions, pack_queues, smem_floats
+from vm.loader import (AbiMismatchError, arch_has_bulk_copy, check_layout, pack_instructions, pack_queues,
+                       preload_buffer_bytes, smem_floats)
 
 CSRC = pathlib.Path(abi.__file__).parent / "csrc"
 
@@ -109,6 +110,40 @@ def test_weight_ranges_and_stream_flags():
     ins = pack_instructions(po, lambda b: 4096 * (b + 1), stage_bytes=32768)
     assert not (ins["flags"] != 0).any()  # 180-byte rows: register path
     assert np.all(ins["n_bufs"] <= abi.MAX_BUFS)
+
+
+@pytest.mark.parametrize("cap", [0, 512, 1000, 4096, 1 << 20])
+def test_preload_flags_and_buffer(cap):
+    """INSTR_FLAG_PRELOAD exactly on GEMV-family tasks whose whole tile (all ranges) fits the cap, never together
+    with the ring's STREAM flag; the buffer is the largest flagged tile rounded up to 128 bytes."""
+    from schedule.graph import load_model
+    from schedule.ir import TARGETS
+    from schedule.lower import lower
+    g = load_model("toy", dtype="bf16")
+    prog = lower(g, TARGETS["h100"], {"num_sms": 4, "gemv_rows": 4}, max_seq=16)
+    base = {b.id: 0x10000000 * (b.id + 1) for b in prog.buffers}
+    ins = pack_instructions(prog, base.__getitem__, preload_cap=cap)
+    tiles = []
+    for i, t in enumerate(prog.tasks):
+        tile = int(ins[i]["prefetch_bytes"].sum())
+        want = t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") and 0 < tile <= cap
+        assert bool(ins[i]["flags"] & abi.INSTR_FLAG_PRELOAD) == want, (t.op, t.params, tile, cap)
+        assert not ins[i]["flags"] & abi.INSTR_FLAG_STREAM
+        if want:
+            tiles.append(tile)
+    assert preload_buffer_bytes(ins) == (-(-max(tiles) // 128) * 128 if tiles else 0)
+    if cap >= 1 << 20:   # every GEMV-family task of the toy fits 1 MB
+        assert len(tiles) == sum(t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") for t in prog.tasks)
+    if cap == 1000:      # some tiles fit, some do not: the cap really decides
+        assert 0 < len(tiles) < sum(t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") for t in prog.tasks)
+    # the ring wins where both could apply
+    both = pack_instructions(prog, base.__getitem__, stage_bytes=32768, preload_cap=cap)
+    assert not ((both["flags"] & abi.INSTR_FLAG_STREAM != 0) & (both["flags"] & abi.INSTR_FLAG_PRELOAD != 0)).any()
+
+
+def test_preload_needs_bulk_copy_arch():
+    assert arch_has_bulk_copy("sm_90a") and arch_has_bulk_copy("sm_100a") and arch_has_bulk_copy("sm_120")
+    assert not arch_has_bulk_copy("sm_80") and not arch_has_bulk_copy("sm_89") and not arch_has_bulk_copy("gfx90a")
 
 
 def test_vm_refuses_invalid_program():

@@ -124,6 +124,37 @@ def test_ring_streams_on_sm90():
     assert torch.equal(a, vm.step(3, 2))   # bit-identical reruns through the ring
 
 
+_GEMV_FAMILY = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", ["llama-untied", "qwen3", "odd", "wide"])
+def test_preload_is_bit_identical_to_global_loads(name):
+    """The whole-tile preload (preload.cuh) runs the same tile code over shared memory: logits are bit-identical
+    with the preload off, with a cap that flags only some tasks (flagged and plain tasks interleave in one queue),
+    and with the default cap; and they match the reference VM."""
+    from vm.loader import MegakernelVM
+    g, prog, vm0 = make(name, "f32", "split", max_seq=64, preload_kb=0)
+    assert vm0.n_preloaded == 0 and vm0.preload_bytes == 0
+    tiles = sorted(int(r["prefetch_bytes"].sum()) for r, t in zip(vm0.instrs_np, prog.tasks) if t.op in _GEMV_FAMILY)
+    mid_kb = max(1, tiles[len(tiles) // 2] // 1024)
+    vms = [MegakernelVM(prog, g.weights, preload_kb=kb) for kb in (mid_kb, None)]
+    n_family = sum(t.op in _GEMV_FAMILY for t in prog.tasks)
+    if name == "odd":      # 360-byte rows are not 16-byte multiples: nothing may be preloaded
+        assert all(v.n_preloaded == 0 for v in vms)
+    else:
+        assert 0 < vms[0].n_preloaded < n_family, (vms[0].n_preloaded, n_family, mid_kb)
+        assert vms[1].n_preloaded == sum(1 for x in tiles if x <= 160 * 1024) > 0
+        assert vms[1].preload_bytes >= vms[0].preload_bytes > 0
+    ref = ReferenceVM(prog, g.weights, seed=5)
+    for tok, pos in [(5, 0), (17, 1), (3, 2), (9, 63)]:
+        want = ref.step(tok, pos)
+        base = vm0.step(tok, pos).clone()
+        assert rel_err(base, want) <= 1e-5
+        for v in vms:
+            assert torch.equal(v.step(tok, pos), base), f"preload {v.preload_bytes} B changed the logits at {pos}"
+
+
 def test_f16_weights_run():
     g, prog, vm = make("llama-untied", "f16", "default")
     ref = ReferenceVM(prog, g.weights, seed=2)

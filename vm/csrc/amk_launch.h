@@ -20,9 +20,11 @@ typedef struct AmkParams {
   int64_t timeout_ns;            // wait budget per wait (%globaltimer ns)
   int64_t prefetch_cap;          // L2 prefetch bytes per look-ahead task (0 = none)
   int32_t n_instrs, n_bufs, n_counters, n_queues;
-  int32_t smem_bytes;            // dynamic shared memory of this launch (ring + op area; ops check their need)
+  int32_t smem_bytes;            // dynamic shared memory of this launch (ring + preload + op area; ops check)
   int32_t wait_prefetch_bytes;   // L2 prefetch of a task's own weights when it must wait (0 = off; knob
                                  // wait_prefetch_kb)
+  int32_t preload_bytes;         // size of the preload buffer (preload.cuh; 0 = off; knob preload_kb), 128-multiple
+  int32_t pad0;
 } AmkParams;
 
 // Trace record words per instruction (see AmkParams.trace).

@@ -40,6 +40,7 @@ static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_
 #endif
 
 struct AmkRing;  // stream.cuh
+struct AmkPre;   // preload.cuh
 
 // Everything an op needs: launch params, the task's instruction (a shared-memory copy), smem areas, its SM.
 struct AmkCtx {
@@ -54,6 +55,9 @@ struct AmkCtx {
   AmkRing* ring;         // weight ring state (shared memory; stream.cuh)
   unsigned char* ring_base;  // slot 0 of the ring (dynamic shared memory)
   int q1;                // end of this block's queue (the producer's horizon)
+  int qi;                // queue position of the running task
+  AmkPre* pre;           // preload state (shared memory; preload.cuh)
+  const unsigned char* pre_buf;  // the preload buffer (dynamic shared memory)
 };
 
 __host__ __device__ __forceinline__ int amk_pad4(int n) { return (n + 3) & ~3; }

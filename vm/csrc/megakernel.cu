@@ -8,7 +8,8 @@
 //   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
 //      a %globaltimer budget (TIMEOUT names task + counter);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
-//   4. __syncthreads, then thread 0 release-increments out_counter.
+//   4. __syncthreads, then thread 0 release-increments out_counter; if the task used the preload buffer
+//      (preload.cuh), thread 0 starts the bulk copy of the next flagged task's whole weight tile into it.
 // Any error writes the status words, raises the abort flag, and every block exits at its next wait.
 //
 // This translation unit includes no torch header: plain nvcc compiles it for sm_80 / sm_90a (CI does, with -c).
@@ -17,6 +18,7 @@
 #include "common.cuh"
 #include "sync.cuh"
 #include "stream.cuh"
+#include "preload.cuh"
 #include "ops_embed_norm.cuh"
 #include "ops_gemv.cuh"
 #include "ops_qkv.cuh"
@@ -48,7 +50,7 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
 
 __device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
   const int op = c.ins->op;
-  const int64_t need = (int64_t)amk_smem_floats(*c.ins) * 4 + AMK_RING_BYTES;
+  const int64_t need = (int64_t)amk_smem_floats(*c.ins) * 4 + AMK_RING_BYTES + c.p->preload_bytes;
   if (need > (int64_t)c.p->smem_bytes) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, (int)need);
     return;
@@ -71,24 +73,30 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
 }
 
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
-  extern __shared__ __align__(128) unsigned char amk_dyn_smem[];  // [ring AMK_RING_BYTES | op area]
+  extern __shared__ __align__(128) unsigned char amk_dyn_smem[];  // [ring | preload buffer | op area]
   __shared__ AmkInstr s_ins;
   __shared__ float s_red[64];
   __shared__ float s_part[64];
   __shared__ int s_flag;
   __shared__ AmkRing s_ring;
   __shared__ __align__(8) uint64_t s_bars[AMK_STAGES];
+  __shared__ AmkPre s_pre;
+  __shared__ __align__(8) uint64_t s_pre_bar;
   const int sm = (int)blockIdx.x;
   if (sm >= p.n_queues) return;
   const int q0 = p.queue_offsets[sm], q1 = p.queue_offsets[sm + 1];
   static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
   constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
-  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
+  unsigned char* pre_buf = amk_dyn_smem + AMK_RING_BYTES;
+  if (amk_tid() == 0) {
+    amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
+    amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // the first flagged tile starts loading now
+  }
   __syncthreads();
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
   (void)pf;
-  const AmkCtx c{&p, &s_ins, (float*)(amk_dyn_smem + AMK_RING_BYTES), s_red, s_part, &s_flag, sm, 0,
-                 &s_ring, amk_dyn_smem, q1};
+  const AmkCtx c{&p, &s_ins, (float*)(pre_buf + p.preload_bytes), s_red, s_part, &s_flag, sm, 0,
+                 &s_ring, amk_dyn_smem, q1, q0, &s_pre, pre_buf};
   for (int qi = q0; qi < q1; ++qi) {
     const int idx = p.queue_items[qi];
     const int* src = (const int*)(p.instrs + idx);
@@ -111,20 +119,22 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     }
     __syncthreads();
     if (s_flag) {
-      if (amk_tid() == 0) amk_ring_drain(p, s_ring);
+      if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       return;
     }
     const int out_ctr = s_ins.out_counter;
     AmkCtx ci = c;
     ci.instr_index = idx;
+    ci.qi = qi;
     amk_dispatch(ci);
     __syncthreads();
     if (s_flag) {
-      if (amk_tid() == 0) amk_ring_drain(p, s_ring);
+      if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       return;
     }
     if (amk_tid() == 0) {
       if (out_ctr >= 0) amk_signal(p.counters + out_ctr);
+      if (s_pre.q == qi) amk_pre_issue(p, s_pre, q1);  // the buffer is free: the next flagged tile starts loading
       if (p.trace) {
         uint64_t* t = p.trace + (size_t)idx * AMK_TRACE_WORDS;
         t[0] = t_begin;

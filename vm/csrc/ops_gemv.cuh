@@ -12,6 +12,7 @@
 #include "common.cuh"
 #include "ops_embed_norm.cuh"
 #include "stream.cuh"
+#include "preload.cuh"
 
 // acc[r] += sum over this lane's chunks c0, c0+cstep, ... < nc of rows[r][chunk] . xs[chunk]
 // Src: AmkSrcGlobal (ld.global.nc, evict-first) or AmkSrcShared (rows staged in the weight ring).
@@ -225,11 +226,23 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
 
 // Rows [0, rn) of W (byte pointers W[m] at row 0), from the ring if the task streams, else straight from global.
 // stash: the op's smem scratch of amk_stash_floats(g) floats (streamed tasks only).
+// A task whose whole tile was preloaded (preload.cuh) runs the same tile over the preload buffer: matrix m starts
+// at the sum of the earlier prefetch ranges, with the global row stride.
 template <class T, int NM, class Epi>
 __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const (&W)[NM], int K, int rn,
                                               const float* xs, float* stash, Epi epi) {
   AmkGeom g;
-  if (amk_stream_geom(*c.ins, g)) {
+  if (amk_pre_flagged(*c.ins) && c.pre->q == c.qi) {
+    if (!amk_pre_wait(c)) return;
+    const char* Ws[NM];
+    int64_t off = 0;
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      Ws[m] = (const char*)c.pre_buf + off;
+      off += c.ins->prefetch_bytes[m];
+    }
+    amk_gemv_tile<T, NM>(c, Ws, K, rn, xs, AmkSrcShared{}, epi);
+  } else if (amk_stream_geom(*c.ins, g)) {
     amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
   } else {
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);

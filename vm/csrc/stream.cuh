@@ -16,6 +16,7 @@
 // producer warp) instead of block-wide barriers per stage.
 #pragma once
 #include "common.cuh"
+#include "mbarrier.cuh"
 
 #ifndef AMK_TMA
 #define AMK_TMA 0
@@ -76,20 +77,6 @@ struct AmkRing {
   uint32_t bar;               // shared address of mbarrier 0 (8 bytes each)
 };
 
-__device__ __forceinline__ uint32_t amk_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
-#if AMK_RING_DEVICE
-  uint32_t ok;
-  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-  return ok != 0;
-#else
-  (void)bar; (void)parity;
-  return true;
-#endif
-}
-
 // Thread 0, once per launch: barriers + producer state.
 __device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, void* ring_base, int q0) {
   R.issued = R.consumed = 0;
@@ -99,9 +86,7 @@ __device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, void* 
   R.base = amk_smem_addr(ring_base);
   R.bar = amk_smem_addr(bars);
 #if AMK_RING_DEVICE
-  for (int s = 0; s < AMK_STAGES; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(R.bar + 8u * s), "r"(1) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  for (int s = 0; s < AMK_STAGES; ++s) amk_mbar_init(R.bar + 8u * s);
 #endif
 }
 
@@ -125,13 +110,9 @@ __device__ __forceinline__ void amk_ring_pump(const AmkParams& p, AmkRing& R, in
     const uint32_t slot = R.issued % AMK_STAGES;
     const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
     const uint32_t bytes = (uint32_t)n * (uint32_t)R.row_bytes;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes * R.nmat) : "memory");
-    for (int m = 0; m < R.nmat; ++m) {
-      const uint64_t src = R.src[m] + (uint64_t)R.prow * (uint64_t)R.row_bytes;
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-          :: "r"(dst + (uint32_t)m * bytes), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
-    }
+    amk_mbar_expect(bar, bytes * R.nmat);
+    for (int m = 0; m < R.nmat; ++m)
+      amk_bulk_g2s(dst + (uint32_t)m * bytes, R.src[m] + (uint64_t)R.prow * (uint64_t)R.row_bytes, bytes, bar, pol);
     ++R.issued;
     R.prow += n;
     if (R.prow >= R.rows) { R.loaded = 0; ++R.pq; }
@@ -142,40 +123,17 @@ __device__ __forceinline__ void amk_ring_pump(const AmkParams& p, AmkRing& R, in
 }
 
 // Thread 0: wait until stage `seq` has landed. 0 = ready; 1 = abort seen or timed out (reported).
-__device__ __noinline__ int amk_ring_wait(const AmkParams& p, const AmkRing& R, uint32_t seq, const AmkInstr& in,
-                                          int sm) {
-  const uint32_t bar = R.bar + 8u * (seq % AMK_STAGES), parity = (seq / AMK_STAGES) & 1u;
-  if (amk_mbar_try(bar, parity)) return 0;
-  uint64_t t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (;;) {
-    if (amk_mbar_try(bar, parity)) return 0;
-    int ab;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(ab) : "l"(p.status + AMK_STATUS_ABORT) : "memory");
-    if (ab) return 1;
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if ((int64_t)(t - t0) > p.timeout_ns) {
-      amk_report(p, AMK_ERR_TIMEOUT, in.task_id, in.op, -1 - (int)(seq % AMK_STAGES), sm);
-      return 1;
-    }
-  }
+__device__ __forceinline__ int amk_ring_wait(const AmkParams& p, const AmkRing& R, uint32_t seq, const AmkInstr& in,
+                                             int sm) {
+  return amk_mbar_wait(p, R.bar + 8u * (seq % AMK_STAGES), (seq / AMK_STAGES) & 1u, in, -1 - (int)(seq % AMK_STAGES),
+                       sm);
 }
 
 // Thread 0, before the block exits early: let in-flight bulk copies land (bounded), so no copy outlives the block.
 __device__ __forceinline__ void amk_ring_drain(const AmkParams& p, const AmkRing& R) {
 #if AMK_RING_DEVICE
-  uint64_t t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (uint32_t s = R.consumed; s != R.issued; ++s) {
-    const uint32_t bar = R.bar + 8u * (s % AMK_STAGES), parity = (s / AMK_STAGES) & 1u;
-    for (;;) {
-      if (amk_mbar_try(bar, parity)) break;
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if ((int64_t)(t - t0) > p.timeout_ns) return;
-    }
-  }
+  for (uint32_t s = R.consumed; s != R.issued; ++s)
+    amk_mbar_drain(p, R.bar + 8u * (s % AMK_STAGES), (s / AMK_STAGES) & 1u);
 #else
   (void)p; (void)R;
 #endif

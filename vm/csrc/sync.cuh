@@ -61,7 +61,7 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     const int c = in.wait_counter[w], thr = in.wait_threshold[w];
     const int32_t* ctr = p.counters + c;
     if (amk_ld_acquire(ctr) >= thr) continue;
-    if (!prefetched) {
+    if (!prefetched && !(in.flags & AMK_INSTR_FLAG_PRELOAD)) {  // a preloaded tile is already on its way
       amk_wait_prefetch(in, p.wait_prefetch_bytes);
       prefetched = true;
     }

@@ -1,0 +1,88 @@
+// Whole-tile weight preload (sm_90+, launch knob preload_kb): a GEMV-family task flagged AMK_INSTR_FLAG_PRELOAD by
+// the loader (its whole weight tile fits the preload buffer) gets its weight ranges bulk-copied into shared memory
+// BEFORE it waits on its counters -- in fact as soon as the previous preloaded task of the block is done with the
+// buffer, so the copy overlaps the unrelated tasks in between (attention, the MLP of the layer before) and the
+// phase boundary costs no HBM round trip. The op then runs its usual GEMV tile over shared memory.
+//
+// One buffer, one mbarrier, at most one preload in flight or resident per block:
+//   * launch start: thread 0 issues the first flagged task of the queue;
+//   * a flagged task (all threads) waits on the barrier's phase (bounded, TIMEOUT detail AMK_PRELOAD_DETAIL),
+//     computes from the buffer, and after the task's closing barrier thread 0 issues the next flagged task.
+// Weights are CONST for the whole launch, so reading them before any wait is always safe (the validator's
+// happens-before proofs concern activations and caches only). The buffer lives between the weight ring and the op
+// area of the dynamic shared memory: [ring | preload buffer (p.preload_bytes) | op area].
+// Buffer layout: the task's prefetch ranges back to back (range 0 at offset 0, range 1 at prefetch_bytes[0]).
+#pragma once
+#include "common.cuh"
+#include "mbarrier.cuh"
+
+#define AMK_PRELOAD_DETAIL (-100)  // TIMEOUT detail word: the preload barrier never completed
+
+struct AmkPre {
+  int q;         // queue position whose tile is in flight / resident (-1: none yet; q1: no more flagged tasks)
+  int scan;      // next queue position to look at for a flagged task
+  uint32_t n;    // preloads issued so far (the current one completes phase (n - 1) & 1)
+  uint32_t bar;  // shared address of the mbarrier
+  uint32_t base; // shared address of the buffer
+};
+
+__device__ __forceinline__ bool amk_pre_flagged(const AmkInstr& in) {
+  return AMK_MBAR_DEVICE && (in.flags & AMK_INSTR_FLAG_PRELOAD) != 0;
+}
+
+// Thread 0: issue the tile of the first flagged task at queue position >= P.scan (< q1); the buffer must be free.
+__device__ __forceinline__ void amk_pre_issue(const AmkParams& p, AmkPre& P, int q1) {
+#if AMK_MBAR_DEVICE
+  if (p.preload_bytes <= 0) return;
+  for (; P.scan < q1; ++P.scan) {
+    const AmkInstr* in = p.instrs + __ldg(p.queue_items + P.scan);
+    if (!(__ldg(&in->flags) & AMK_INSTR_FLAG_PRELOAD)) continue;
+    const int64_t b0 = __ldg((const long long*)&in->prefetch_bytes[0]);
+    const int64_t b1 = __ldg((const long long*)&in->prefetch_bytes[1]);
+    const uint64_t s0 = __ldg((const unsigned long long*)&in->prefetch_ptr[0]);
+    const uint64_t s1 = __ldg((const unsigned long long*)&in->prefetch_ptr[1]);
+    const uint64_t pol = amk_policy_evict_first();
+    // earlier generic-proxy reads of the buffer are ordered before these async-proxy writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    amk_mbar_expect(P.bar, (uint32_t)(b0 + (b1 > 0 ? b1 : 0)));
+    amk_bulk_g2s(P.base, s0, (uint32_t)b0, P.bar, pol);
+    if (b1 > 0) amk_bulk_g2s(P.base + (uint32_t)b0, s1, (uint32_t)b1, P.bar, pol);
+    P.q = P.scan++;
+    ++P.n;
+    return;
+  }
+  P.q = q1;
+#else
+  (void)p; (void)P; (void)q1;
+#endif
+}
+
+// Thread 0, once per launch (before the first barrier of the queue loop).
+__device__ __forceinline__ void amk_pre_init(const AmkParams& p, AmkPre& P, uint64_t* bar, void* base, int q0,
+                                             int q1) {
+  P.q = -1;
+  P.scan = q0;
+  P.n = 0;
+  P.bar = amk_smem_addr(bar);
+  P.base = amk_smem_addr(base);
+  if (AMK_MBAR_DEVICE && p.preload_bytes > 0) {
+    amk_mbar_init(P.bar);
+    amk_pre_issue(p, P, q1);
+  }
+}
+
+// All threads of a flagged task whose tile is the resident one (P.q == qi): wait until it has landed.
+// false: the block must stop (abort seen or timeout reported; *c.flag is set).
+__device__ __forceinline__ bool amk_pre_wait(const AmkCtx& c) {
+  const uint32_t parity = (c.pre->n - 1u) & 1u;  // stable: thread 0 changes n only between tasks
+  if (amk_tid() == 0 && amk_mbar_wait(*c.p, c.pre->bar, parity, *c.ins, AMK_PRELOAD_DETAIL, c.sm)) *c.flag = 1;
+  __syncthreads();
+  if (*c.flag) return false;
+  while (!amk_mbar_try(c.pre->bar, parity)) {}  // this thread's own acquire of the copied bytes
+  return true;
+}
+
+// Thread 0, before the block exits early: let an in-flight preload land (bounded).
+__device__ __forceinline__ void amk_pre_drain(const AmkParams& p, const AmkPre& P) {
+  if (AMK_MBAR_DEVICE && P.n > 0) amk_mbar_drain(p, P.bar, (P.n - 1u) & 1u);
+}
