@@ -115,6 +115,9 @@ _INSTR_FIELDS = [
     ("wait_counter", "i4", MAX_WAITS), ("wait_threshold", "i4", MAX_WAITS),
     ("buf", "i4", MAX_BUFS), ("ip", "i4", MAX_IPARAMS), ("fp", "f4", MAX_FPARAMS),
     ("task_id", "i4", 1), ("flags", "i4", 1),   # flags: INSTR_FLAG_* bits set by the loader
+    # INSTR_FLAG_PRELOAD tasks: instruction index of the next flagged task in the same queue (-1: none, and on every
+    # other task). Its tile starts loading into the preload buffer as soon as this task is done with it.
+    ("next_preload", "i4", 1),
     # Exact weight byte ranges of the task, in the order the op consumes them (from schedule.ops.weight_ranges; two
     # for GEMV_SILU_MUL: gate rows, up rows). Used for L2 prefetch (capped per launch) and, when INSTR_FLAG_STREAM
     # is set, for streaming the rows through the shared-memory ring with bulk copies (sm_90+).

@@ -196,6 +196,16 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
             r["flags"] |= abi.INSTR_FLAG_STREAM
         elif preload_cap > 0 and aligned and int(r["prefetch_bytes"][:len(ranges)].sum()) <= preload_cap:
             r["flags"] |= abi.INSTR_FLAG_PRELOAD
+    out["next_preload"] = -1
+    index = {t.id: i for i, t in enumerate(program.tasks)}
+    for q in program.queues:   # chain the flagged tasks of each queue in run order
+        prev = -1
+        for tid in q:
+            i = index[tid]
+            if out[i]["flags"] & abi.INSTR_FLAG_PRELOAD:
+                if prev >= 0:
+                    out[prev]["next_preload"] = i
+                prev = i
     return out
 
 

@@ -132,6 +132,11 @@ def test_preload_flags_and_buffer(cap):
         if want:
             tiles.append(tile)
     assert preload_buffer_bytes(ins) == (-(-max(tiles) // 128) * 128 if tiles else 0)
+    index = {t.id: i for i, t in enumerate(prog.tasks)}
+    for q in prog.queues:   # next_preload chains the flagged tasks of each queue in run order; -1 elsewhere
+        flagged = [index[tid] for tid in q if ins[index[tid]]["flags"] & abi.INSTR_FLAG_PRELOAD]
+        assert [int(ins[i]["next_preload"]) for i in flagged] == flagged[1:] + [-1] * bool(flagged)
+        assert all(ins[index[tid]]["next_preload"] == -1 for tid in q if index[tid] not in flagged)
     if cap >= 1 << 20:   # every GEMV-family task of the toy fits 1 MB
         assert len(tiles) == sum(t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") for t in prog.tasks)
     if cap == 1000:      # some tiles fit, some do not: the cap really decides

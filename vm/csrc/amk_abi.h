@@ -154,10 +154,11 @@ typedef struct AmkInstr {
   float fp[4];
   int32_t task_id;
   int32_t flags;
+  int32_t next_preload;
   uint64_t prefetch_ptr[2];
   int64_t prefetch_bytes[2];
 } AmkInstr;
-static_assert(sizeof(AmkInstr) == 184, "AmkInstr size drifted from vm/abi.py");
+static_assert(sizeof(AmkInstr) == 192, "AmkInstr size drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, op) == 0, "AmkInstr.op offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, out_counter) == 4, "AmkInstr.out_counter offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, n_waits) == 8, "AmkInstr.n_waits offset drifted from vm/abi.py");
@@ -169,8 +170,9 @@ static_assert(offsetof(AmkInstr, ip) == 80, "AmkInstr.ip offset drifted from vm/
 static_assert(offsetof(AmkInstr, fp) == 128, "AmkInstr.fp offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, task_id) == 144, "AmkInstr.task_id offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, flags) == 148, "AmkInstr.flags offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_ptr) == 152, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_bytes) == 168, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, next_preload) == 152, "AmkInstr.next_preload offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_ptr) == 160, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_bytes) == 176, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
 
 typedef struct AmkBufDesc {
   uint64_t ptr;
@@ -197,6 +199,7 @@ static_assert(offsetof(AmkBufDesc, kind) == 20, "AmkBufDesc.kind offset drifted 
   X(AmkInstr, fp, offsetof(AmkInstr, fp)) \
   X(AmkInstr, task_id, offsetof(AmkInstr, task_id)) \
   X(AmkInstr, flags, offsetof(AmkInstr, flags)) \
+  X(AmkInstr, next_preload, offsetof(AmkInstr, next_preload)) \
   X(AmkInstr, prefetch_ptr, offsetof(AmkInstr, prefetch_ptr)) \
   X(AmkInstr, prefetch_bytes, offsetof(AmkInstr, prefetch_bytes)) \
   X(AmkBufDesc, sizeof, sizeof(AmkBufDesc)) \

@@ -55,7 +55,6 @@ struct AmkCtx {
   AmkRing* ring;         // weight ring state (shared memory; stream.cuh)
   unsigned char* ring_base;  // slot 0 of the ring (dynamic shared memory)
   int q1;                // end of this block's queue (the producer's horizon)
-  int qi;                // queue position of the running task
   AmkPre* pre;           // preload state (shared memory; preload.cuh)
   const unsigned char* pre_buf;  // the preload buffer (dynamic shared memory)
 };

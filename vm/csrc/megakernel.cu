@@ -8,8 +8,9 @@
 //   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
 //      a %globaltimer budget (TIMEOUT names task + counter);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
-//   4. __syncthreads, then thread 0 release-increments out_counter; if the task used the preload buffer
-//      (preload.cuh), thread 0 starts the bulk copy of the next flagged task's whole weight tile into it.
+//   4. __syncthreads, then thread 0 release-increments out_counter. If the task used the preload buffer
+//      (preload.cuh), the next flagged task's whole weight tile is bulk-copied into it from the start of the next
+//      task on (issued by the producer thread while thread 0 waits).
 // Any error writes the status words, raises the abort flag, and every block exits at its next wait.
 //
 // This translation unit includes no torch header: plain nvcc compiles it for sm_80 / sm_90a (CI does, with -c).
@@ -88,15 +89,13 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
   constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
   unsigned char* pre_buf = amk_dyn_smem + AMK_RING_BYTES;
-  if (amk_tid() == 0) {
-    amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
-    amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // the first flagged tile starts loading now
-  }
+  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
+  if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
   __syncthreads();
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
   (void)pf;
   const AmkCtx c{&p, &s_ins, (float*)(pre_buf + p.preload_bytes), s_red, s_part, &s_flag, sm, 0,
-                 &s_ring, amk_dyn_smem, q1, q0, &s_pre, pre_buf};
+                 &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf};
   for (int qi = q0; qi < q1; ++qi) {
     const int idx = p.queue_items[qi];
     const int* src = (const int*)(p.instrs + idx);
@@ -116,16 +115,22 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
       s_flag = amk_wait_all(p, s_ins, sm);
       if (p.trace) t_ready = amk_globaltimer();
+    } else if (amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {  // concurrently with the wait
+      amk_pre_issue(p, s_pre, s_pre.pending);
+      s_pre.pending = -1;
     }
     __syncthreads();
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       return;
     }
-    const int out_ctr = s_ins.out_counter;
+    const int out_ctr = s_ins.out_counter, next_pre = s_ins.next_preload;
+    if (amk_tid() == AMK_PRE_THREAD && next_pre >= 0 && s_pre.q == idx) {  // its ranges into L1 for the issue
+      const char* rng = (const char*)(p.instrs + next_pre) + offsetof(AmkInstr, prefetch_ptr);
+      asm volatile("prefetch.global.L1 [%0];" :: "l"(rng));
+    }
     AmkCtx ci = c;
     ci.instr_index = idx;
-    ci.qi = qi;
     amk_dispatch(ci);
     __syncthreads();
     if (s_flag) {
@@ -134,7 +139,6 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     }
     if (amk_tid() == 0) {
       if (out_ctr >= 0) amk_signal(p.counters + out_ctr);
-      if (s_pre.q == qi) amk_pre_issue(p, s_pre, q1);  // the buffer is free: the next flagged tile starts loading
       if (p.trace) {
         uint64_t* t = p.trace + (size_t)idx * AMK_TRACE_WORDS;
         t[0] = t_begin;
@@ -143,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
         t[3] = (uint64_t)sm;
       }
     }
+    if (amk_tid() == AMK_PRE_THREAD && s_pre.q == idx) s_pre.pending = next_pre;  // the buffer is free again
   }
 }
 

@@ -232,7 +232,7 @@ template <class T, int NM, class Epi>
 __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const (&W)[NM], int K, int rn,
                                               const float* xs, float* stash, Epi epi) {
   AmkGeom g;
-  if (amk_pre_flagged(*c.ins) && c.pre->q == c.qi) {
+  if (amk_pre_flagged(*c.ins) && c.pre->q == c.instr_index) {
     if (!amk_pre_wait(c)) return;
     const char* Ws[NM];
     int64_t off = 0;

@@ -4,10 +4,13 @@
 // buffer, so the copy overlaps the unrelated tasks in between (attention, the MLP of the layer before) and the
 // phase boundary costs no HBM round trip. The op then runs its usual GEMV tile over shared memory.
 //
-// One buffer, one mbarrier, at most one preload in flight or resident per block:
-//   * launch start: thread 0 issues the first flagged task of the queue;
+// One buffer, one mbarrier, at most one preload in flight or resident per block, owned by one producer thread
+// (AMK_PRE_THREAD, lane 0 of warp 1, so thread 0's counter waits are not delayed):
+//   * launch start: the producer scans its queue once and issues the first flagged task;
 //   * a flagged task (all threads) waits on the barrier's phase (bounded, TIMEOUT detail AMK_PRELOAD_DETAIL),
-//     computes from the buffer, and after the task's closing barrier thread 0 issues the next flagged task.
+//     computes from the buffer; after the task's closing barrier the producer records the next flagged task of the
+//     queue (AmkInstr.next_preload, chained by the loader) and issues it at the start of the following task,
+//     concurrently with thread 0's counter wait. Its instruction was prefetched into L1 while this task ran.
 // Weights are CONST for the whole launch, so reading them before any wait is always safe (the validator's
 // happens-before proofs concern activations and caches only). The buffer lives between the weight ring and the op
 // area of the dynamic shared memory: [ring | preload buffer (p.preload_bytes) | op area].
@@ -18,9 +21,11 @@
 
 #define AMK_PRELOAD_DETAIL (-100)  // TIMEOUT detail word: the preload barrier never completed
 
+#define AMK_PRE_THREAD (AMK_THREADS > 32 ? 32 : 0)
+
 struct AmkPre {
-  int q;         // queue position whose tile is in flight / resident (-1: none yet; q1: no more flagged tasks)
-  int scan;      // next queue position to look at for a flagged task
+  int q;         // instruction index whose tile is in flight / resident (-1: none)
+  int pending;   // instruction index to issue at the start of the next task (-1: none)
   uint32_t n;    // preloads issued so far (the current one completes phase (n - 1) & 1)
   uint32_t bar;  // shared address of the mbarrier
   uint32_t base; // shared address of the buffer
@@ -30,51 +35,50 @@ __device__ __forceinline__ bool amk_pre_flagged(const AmkInstr& in) {
   return AMK_MBAR_DEVICE && (in.flags & AMK_INSTR_FLAG_PRELOAD) != 0;
 }
 
-// Thread 0: issue the tile of the first flagged task at queue position >= P.scan (< q1); the buffer must be free.
-__device__ __forceinline__ void amk_pre_issue(const AmkParams& p, AmkPre& P, int q1) {
+// Producer: bulk-copy the weight ranges of instruction `idx` into the (free) buffer.
+__device__ __forceinline__ void amk_pre_issue(const AmkParams& p, AmkPre& P, int idx) {
 #if AMK_MBAR_DEVICE
-  if (p.preload_bytes <= 0) return;
-  for (; P.scan < q1; ++P.scan) {
-    const AmkInstr* in = p.instrs + __ldg(p.queue_items + P.scan);
-    if (!(__ldg(&in->flags) & AMK_INSTR_FLAG_PRELOAD)) continue;
-    const int64_t b0 = __ldg((const long long*)&in->prefetch_bytes[0]);
-    const int64_t b1 = __ldg((const long long*)&in->prefetch_bytes[1]);
-    const uint64_t s0 = __ldg((const unsigned long long*)&in->prefetch_ptr[0]);
-    const uint64_t s1 = __ldg((const unsigned long long*)&in->prefetch_ptr[1]);
-    const uint64_t pol = amk_policy_evict_first();
-    // earlier generic-proxy reads of the buffer are ordered before these async-proxy writes
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    amk_mbar_expect(P.bar, (uint32_t)(b0 + (b1 > 0 ? b1 : 0)));
-    amk_bulk_g2s(P.base, s0, (uint32_t)b0, P.bar, pol);
-    if (b1 > 0) amk_bulk_g2s(P.base + (uint32_t)b0, s1, (uint32_t)b1, P.bar, pol);
-    P.q = P.scan++;
-    ++P.n;
-    return;
-  }
-  P.q = q1;
+  const AmkInstr* in = p.instrs + idx;
+  const int64_t b0 = __ldg((const long long*)&in->prefetch_bytes[0]);
+  const int64_t b1 = __ldg((const long long*)&in->prefetch_bytes[1]);
+  const uint64_t s0 = __ldg((const unsigned long long*)&in->prefetch_ptr[0]);
+  const uint64_t s1 = __ldg((const unsigned long long*)&in->prefetch_ptr[1]);
+  const uint64_t pol = amk_policy_evict_first();
+  // earlier generic-proxy reads of the buffer are ordered before these async-proxy writes
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  amk_mbar_expect(P.bar, (uint32_t)(b0 + (b1 > 0 ? b1 : 0)));
+  amk_bulk_g2s(P.base, s0, (uint32_t)b0, P.bar, pol);
+  if (b1 > 0) amk_bulk_g2s(P.base + (uint32_t)b0, s1, (uint32_t)b1, P.bar, pol);
+  P.q = idx;
+  ++P.n;
 #else
-  (void)p; (void)P; (void)q1;
+  (void)p; (void)P; (void)idx;
 #endif
 }
 
-// Thread 0, once per launch (before the first barrier of the queue loop).
+// Producer, once per launch (before the first barrier of the queue loop): issue the queue's first flagged task.
 __device__ __forceinline__ void amk_pre_init(const AmkParams& p, AmkPre& P, uint64_t* bar, void* base, int q0,
                                              int q1) {
   P.q = -1;
-  P.scan = q0;
+  P.pending = -1;
   P.n = 0;
   P.bar = amk_smem_addr(bar);
   P.base = amk_smem_addr(base);
-  if (AMK_MBAR_DEVICE && p.preload_bytes > 0) {
-    amk_mbar_init(P.bar);
-    amk_pre_issue(p, P, q1);
+  if (!AMK_MBAR_DEVICE || p.preload_bytes <= 0) return;
+  amk_mbar_init(P.bar);
+  for (int q = q0; q < q1; ++q) {
+    const int idx = __ldg(p.queue_items + q);
+    if (__ldg(&p.instrs[idx].flags) & AMK_INSTR_FLAG_PRELOAD) {
+      amk_pre_issue(p, P, idx);
+      return;
+    }
   }
 }
 
-// All threads of a flagged task whose tile is the resident one (P.q == qi): wait until it has landed.
-// false: the block must stop (abort seen or timeout reported; *c.flag is set).
+// All threads of a flagged task whose tile is the resident one (P.q == its instruction index): wait until it has
+// landed. false: the block must stop (abort seen or timeout reported; *c.flag is set).
 __device__ __forceinline__ bool amk_pre_wait(const AmkCtx& c) {
-  const uint32_t parity = (c.pre->n - 1u) & 1u;  // stable: thread 0 changes n only between tasks
+  const uint32_t parity = (c.pre->n - 1u) & 1u;  // stable: the producer changes n only between tasks
   if (amk_tid() == 0 && amk_mbar_wait(*c.p, c.pre->bar, parity, *c.ins, AMK_PRELOAD_DETAIL, c.sm)) *c.flag = 1;
   __syncthreads();
   if (*c.flag) return false;
