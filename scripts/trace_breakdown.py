@@ -45,19 +45,48 @@ def family(label: str) -> tuple[str, int]:
 def breakdown(prog, tr) -> dict:
     t0, t1, t2, sm = tr["t0"] / 1e3, tr["t1"] / 1e3, tr["t2"] / 1e3, tr["sm"]   # us
     span = float(t2.max() - t0.min())
+    index = {t.id: i for i, t in enumerate(prog.tasks)}
+    prev_same = np.zeros(len(prog.tasks), dtype=bool)   # the task before it on its SM is of the same family
+    for q in prog.queues:
+        for a, b in zip(q, q[1:]):
+            prev_same[index[b]] = family(prog.tasks[index[a]].label)[0] == family(prog.tasks[index[b]].label)[0]
     fams: dict[str, dict] = {}
     for i, t in enumerate(prog.tasks):
         f, _ = family(t.label)
-        d = fams.setdefault(f, {"n": 0, "wait": 0.0, "exec": 0.0, "bytes": 0})
+        d = fams.setdefault(f, {"n": 0, "wait": 0.0, "exec": 0.0, "bytes": 0, "n_warm": 0, "exec_warm": 0.0})
         d["n"] += 1
         d["wait"] += float(t1[i] - t0[i])
         d["exec"] += float(t2[i] - t1[i])
         d["bytes"] += int(t.est_bytes)
+        if prev_same[i]:
+            d["n_warm"] += 1
+            d["exec_warm"] += float(t2[i] - t1[i])
+    # segments inside a task from the trace marks (vm/csrc/amk_launch.h): ready -> op entry -> input staged ->
+    # main loop done -> closing barrier -> signalled. A segment is averaged over the tasks that set both ends.
+    mk = tr["marks"] / 1e3
+    pts = np.column_stack([t1, mk[:, 0], mk[:, 1], mk[:, 2], mk[:, 3], t2])
+    valid = np.column_stack([np.ones(len(t1), bool), tr["marks"] >= 0, np.ones(len(t1), bool)])
+    seg_names = ["to_entry", "stage", "main", "to_barrier", "signal"]
+    segs: dict[str, list] = {}
+    for i, t in enumerate(prog.tasks):
+        f, _ = family(t.label)
+        acc = segs.setdefault(f, [[0.0, 0] for _ in seg_names])
+        idx = [k for k in range(6) if valid[i, k]]
+        for a, b in zip(idx, idx[1:]):       # a skipped mark folds its segment into the next one
+            acc[b - 1][0] += float(pts[i, b] - pts[i, a])
+            acc[b - 1][1] += 1
     rows = []
     for f, d in fams.items():
+        n_cold = d["n"] - d["n_warm"]
         rows.append({"family": f, "tasks": d["n"], "wait_us": round(d["wait"] / d["n"], 2),
                      "exec_us": round(d["exec"] / d["n"], 2), "exec_total_us": round(d["exec"], 1),
-                     "gbps_per_task": round(d["bytes"] / max(d["exec"], 1e-9) / 1e3, 1)})
+                     "gbps_per_task": round(d["bytes"] / max(d["exec"], 1e-9) / 1e3, 1),
+                     # exec of tasks that follow a task of the same family on their SM (op code already hot) vs
+                     # the others: the difference is the cost of a cold start (instruction fetch, first loads)
+                     "exec_after_same_us": round(d["exec_warm"] / d["n_warm"], 2) if d["n_warm"] else None,
+                     "exec_after_other_us": round((d["exec"] - d["exec_warm"]) / n_cold, 2) if n_cold else None,
+                     "segments_us": {nm: (round(v / n, 2) if n else None)
+                                     for nm, (v, n) in zip(seg_names, segs[f])}})
     n_sm = int(sm.max()) + 1
     busy = np.zeros(n_sm)
     wait = np.zeros(n_sm)
@@ -140,10 +169,17 @@ def main():
               f"tasks; traced span {s['span_us']} us; per SM busy "
               f"{s['busy_mean_us']} (min {s['busy_min_us']}, max {s['busy_max_us']}), waiting {s['wait_mean_us']}, "
               f"other {s['other_mean_us']}")
-        print(f"  {'family':12s} {'tasks':>6s} {'wait us':>8s} {'exec us':>8s} {'exec tot':>9s} {'GB/s/task':>9s}")
+        print(f"  {'family':12s} {'tasks':>6s} {'wait us':>8s} {'exec us':>8s} {'exec tot':>9s} {'GB/s/task':>9s} "
+              f"{'after same':>10s} {'after other':>11s}")
+        fmt = lambda v: f"{v:.2f}" if v is not None else "-"  # noqa: E731
         for f in r["families"]:
             print(f"  {f['family']:12s} {f['tasks']:6d} {f['wait_us']:8.2f} {f['exec_us']:8.2f} "
-                  f"{f['exec_total_us']:9.1f} {f['gbps_per_task']:9.1f}")
+                  f"{f['exec_total_us']:9.1f} {f['gbps_per_task']:9.1f} {fmt(f['exec_after_same_us']):>10s} "
+                  f"{fmt(f['exec_after_other_us']):>11s}")
+        print(f"  {'family':12s} " + " ".join(f"{k:>10s}" for k in r["families"][0]["segments_us"]) +
+              "   (us inside a task: ready -> op entry -> input staged -> main loop -> barrier -> signalled)")
+        for f in r["families"]:
+            print(f"  {f['family']:12s} " + " ".join(f"{fmt(v):>10s}" for v in f["segments_us"].values()))
         print(f"  layer {r['layer']} phases (us from its first task start): " +
               ", ".join(f"{k} {w[0]}-{w[1]}" for k, w in r["phases"].items()))
 

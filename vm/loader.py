@@ -90,7 +90,8 @@ def _attn_rg(hd: int, threads: int) -> int:
 
 
 def _attn_gb(threads: int) -> int:
-    return 4 if threads >= 1024 else 8
+    """AMK_ATTN_GB: q heads per register block of the attention op (vm/csrc/common.cuh)."""
+    return 4
 
 
 def _pad4(n: int) -> int:
@@ -426,7 +427,8 @@ class MegakernelVM:
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),
-        "sm"} numpy arrays indexed like program.tasks (t0: reached, t1: waits satisfied, t2: done)."""
+        "sm", "marks"} numpy arrays indexed like program.tasks (t0: reached, t1: waits satisfied, t2: done; marks
+        [n_tasks, 4]: op entry, input staged, main loop done, closing barrier passed -- -1 where an op sets none)."""
         import torch
         words = int(self.build_info.get("trace_words", 4))
         tr = torch.zeros(len(self.program.tasks) * words, dtype=torch.int64, device=self.device)
@@ -437,7 +439,8 @@ class MegakernelVM:
             self._trace_ptr = 0
         a = tr.view(-1, words).cpu().numpy().astype(np.int64)
         base = a[:, 0][a[:, 0] > 0].min() if (a[:, 0] > 0).any() else 0
-        return {"t0": a[:, 0] - base, "t1": a[:, 1] - base, "t2": a[:, 2] - base, "sm": a[:, 3]}
+        marks = np.where(a[:, 4:] > 0, a[:, 4:] - base, -1)
+        return {"t0": a[:, 0] - base, "t1": a[:, 1] - base, "t2": a[:, 2] - base, "sm": a[:, 3], "marks": marks}
 
     @staticmethod
     def _set(dst, value) -> None:

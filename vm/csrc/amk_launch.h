@@ -16,7 +16,7 @@ typedef struct AmkParams {
   const AmkBufDesc* bufs;        // [n_bufs] buffer descriptors
   int32_t* counters;             // [n_counters] monotonic counters, zeroed before each launch
   int32_t* status;               // [AMK_STATUS_LEN] error report words + abort flag
-  uint64_t* trace;               // nullable: [n_instrs][4] = wait begin, ready, end (%globaltimer ns), SM
+  uint64_t* trace;               // nullable: [n_instrs][AMK_TRACE_WORDS] %globaltimer ns stamps (below)
   int64_t timeout_ns;            // wait budget per wait (%globaltimer ns)
   int64_t prefetch_cap;          // L2 prefetch bytes per look-ahead task (0 = none)
   int32_t n_instrs, n_bufs, n_counters, n_queues;
@@ -27,8 +27,11 @@ typedef struct AmkParams {
   int32_t pad0;
 } AmkParams;
 
-// Trace record words per instruction (see AmkParams.trace).
-#define AMK_TRACE_WORDS 4
+// Trace record words per instruction (see AmkParams.trace): wait begin, ready, end, SM, then AMK_TRACE_MARKS
+// optional marks inside the task (0 = not reached): op entry (after the wait barrier), input staged (x / q in
+// shared memory), main loop done (thread 0's share), closing barrier passed (before the counter signal).
+#define AMK_TRACE_MARKS 4
+#define AMK_TRACE_WORDS (4 + AMK_TRACE_MARKS)
 
 #ifdef __cplusplus
 extern "C" {

@@ -26,8 +26,9 @@ static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_
 
 #define AMK_NWARPS (AMK_THREADS / 32)
 #define AMK_ATTN_TILE 256   // keys per attention tile (scores staged in smem)
-// q heads per register block in attention (fewer at 1024 threads: 64 registers per thread)
-#define AMK_ATTN_GB (AMK_THREADS >= 1024 ? 4 : 8)
+// q heads per register block in attention. 4 covers the GQA groups of the presets (2-4) in one pass; 8 made the
+// op's code ~2x larger and each attention task ~2.6 us slower on an H100 (docs/PERF.md, third session).
+#define AMK_ATTN_GB 4
 #define AMK_ATTN_RGMAX 32   // max key row-groups in the P.V pass
 
 // Loads in flight per lane in the GEMV inner loop: R rows x U 16-byte chunks; T*R*U*16 B ~ 64 KB per block.
@@ -80,6 +81,15 @@ __device__ __forceinline__ void amk_report(const AmkParams& p, int code, int tas
 }
 
 // Called by ONE thread of the block; the caller's following __syncthreads publishes *flag.
+// Trace mark k (0..AMK_TRACE_MARKS-1) of the running task, by thread 0, when the launch traces (AmkParams.trace).
+__device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) {
+  if (c.p->trace != nullptr && threadIdx.x == 0) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 4 + k] = t;
+  }
+}
+
 __device__ __forceinline__ void amk_fail(const AmkCtx& c, int code, int detail) {
   amk_report(*c.p, code, c.ins->task_id, c.ins->op, detail, c.sm);
   *c.flag = 1;

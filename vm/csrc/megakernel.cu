@@ -131,8 +131,10 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     }
     AmkCtx ci = c;
     ci.instr_index = idx;
+    amk_mark(ci, 0);
     amk_dispatch(ci);
     __syncthreads();
+    amk_mark(ci, 3);
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       return;

@@ -73,6 +73,7 @@ __device__ __noinline__ void amk_attn_core(const AmkCtx& c, const float* q, cons
   }
   for (int g = tid; g < G; g += AMK_THREADS) { st[g] = -INFINITY; st[G + g] = 0.f; st[2 * G + g] = 0.f; }
   __syncthreads();
+  amk_mark(c, 1);
   const char* kbase = (const char*)kc + (size_t)kvh * S * D * T::BYTES;
   const char* vbase = (const char*)vc + (size_t)kvh * S * D * T::BYTES;
   const bool kvec = (D % T::VE) == 0 && amk_aligned16(kbase);
@@ -229,6 +230,7 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   amk_dispatch_dtype(amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
     amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
   });
+  amk_mark(c, 2);
   const float* o_s = c.smem + amk_pad4(G * D);
   const int RG = amk_attn_rg(D);
   const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;

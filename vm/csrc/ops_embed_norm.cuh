@@ -9,7 +9,7 @@
 // Ends with a barrier: xs is ready for every thread.                                   x: fp32 [K] global
 // The norm weights of this thread's first AMK_NORM_REGS elements are loaded before x, so their round trip overlaps
 // the x loads and the block reduction instead of following them.
-#define AMK_NORM_REGS 16
+#define AMK_NORM_REGS 8
 __device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const void* nw,
                                             int nw_dt, float eps) {
   const int tid = amk_tid();
@@ -45,9 +45,11 @@ __device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int
       const int i = tid + j * AMK_THREADS;
       if (i < K) xs[i] = (xs[i] * r) * wr[j];
     }
-    for (int i = tid + AMK_NORM_REGS * AMK_THREADS; i < K; i += AMK_THREADS) xs[i] = (xs[i] * r) * amk_ldw(nw, nw_dt, i);
+    for (int i = tid + AMK_NORM_REGS * AMK_THREADS; i < K; i += AMK_THREADS)
+      xs[i] = (xs[i] * r) * amk_ldw(nw, nw_dt, i);
   }
   __syncthreads();
+  amk_mark(c, 1);
 }
 
 __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {

@@ -247,6 +247,7 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
   } else {
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
   }
+  amk_mark(c, 2);
 }
 
 // Per-dtype bodies are separate (noinline) functions: each gets its own register allocation.
