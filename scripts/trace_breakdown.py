@@ -130,7 +130,11 @@ def main():
             os.environ.pop(env, None)
             if k in build:
                 os.environ[env] = str(build[k]) if k == "nvcc" else str(int(build[k]))
-        prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+        try:
+            prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+        except Exception as e:  # a config the IR refuses: report and go on
+            out.append({"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
         res = validate(prog)
         if not res.ok:
             out.append({"variant": name, "error": res.errors[0]})
