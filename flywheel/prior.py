@@ -76,8 +76,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="KB of a task's own weights asked into L2 when it must wait on a counter (0 = off): HBM works while "
              "the SM waits; tasks that need not wait prefetch nothing"),
     Knob("preload_kb", int, 0, choices=(0, 64, 128, 160, 192), affects="launch",
-         doc="KB of shared memory for the whole-tile weight preload (sm_90+, 0 = off): GEMV-family tasks whose "
-             "tile fits are bulk-copied into it before they wait, while the block runs the tasks in between"),
+         doc="KB of shared memory for the whole-tile weight preload (sm_90+, 0 = off; > 0 also selects the kernel "
+             "build with the preload path): GEMV-family tasks whose tile fits are bulk-copied into it before they "
+             "wait, while the block runs the tasks in between"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
 )

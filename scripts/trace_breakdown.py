@@ -4,7 +4,8 @@
 
 A variant is NAME=JSON: schedule-config keys plus the build keys ``tma`` (0/1), ``stages`` and ``stage_bytes``
 (the sm_90 weight ring) and ``nvcc`` (extra nvcc flags, e.g. "-DAMK_U2=8"). For each variant: correctness vs transformers (eval.bench.check_program), the timed latency
-(CUDA events, median), then one traced step (MegakernelVM.trace_step) broken down into
+(CUDA events, median), then one traced step (MegakernelVM.trace_step) broken down into (``--marks``: also the
+segments inside each task, from a build with -DAMK_MARKS=1)
   * per family (QKV, attention, o_proj, gate_up, down, lm_head ...): tasks, mean wait, mean execution, and the
     streaming rate of one task while it executes (est_bytes / execution time);
   * per SM: busy (executing), waiting on counters, and the rest (instruction fetch, gaps);
@@ -117,6 +118,9 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--variants", nargs="+", default=["default={}"])
+    ap.add_argument("--marks", action="store_true",
+                    help="build with -DAMK_MARKS=1: per-task segments (op entry, input staged, main loop, barrier); "
+                         "the marks themselves add ~2%% to the measured latency")
     a = ap.parse_args()
     from vm.loader import MegakernelVM
     target = get_target("auto")
@@ -126,6 +130,8 @@ def main():
         name, _, js = v.partition("=")
         cfg = json.loads(js or "{}")
         build = {k: cfg.pop(k) for k in list(cfg) if k in BUILD_KEYS}
+        if a.marks:
+            build["nvcc"] = (build.get("nvcc", "") + " -DAMK_MARKS=1").strip()
         for k, env in BUILD_KEYS.items():
             os.environ.pop(env, None)
             if k in build:
@@ -180,6 +186,10 @@ def main():
             print(f"  {f['family']:12s} {f['tasks']:6d} {f['wait_us']:8.2f} {f['exec_us']:8.2f} "
                   f"{f['exec_total_us']:9.1f} {f['gbps_per_task']:9.1f} {fmt(f['exec_after_same_us']):>10s} "
                   f"{fmt(f['exec_after_other_us']):>11s}")
+        if not a.marks:
+            print(f"  layer {r['layer']} phases (us from its first task start): " +
+                  ", ".join(f"{k} {w[0]}-{w[1]}" for k, w in r["phases"].items()))
+            continue
         print(f"  {'family':12s} " + " ".join(f"{k:>10s}" for k in r["families"][0]["segments_us"]) +
               "   (us inside a task: ready -> op entry -> input staged -> main loop -> barrier -> signalled)")
         for f in r["families"]:

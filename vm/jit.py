@@ -72,6 +72,7 @@ class BuildSpec:
     stage_bytes: int = 32768      # bytes per ring stage
     opt: str = "-O3"
     extra_cuda_cflags: tuple[str, ...] = ()
+    preload: bool = False         # whole-tile weight preload path (sm_90+, vm/csrc/preload.cuh)
 
     def __post_init__(self):
         if not (128 <= self.threads <= 1024 and self.threads % 32 == 0):
@@ -90,7 +91,8 @@ class BuildSpec:
     def cuda_cflags(self) -> list[str]:
         return [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
                 f"-DAMK_PREFETCH_DEPTH={self.prefetch_depth}", f"-DAMK_TMA={int(self.tma)}",
-                f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}", *self.extra_cuda_cflags]
+                f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
+                f"-DAMK_PRELOAD={int(self.preload)}", *self.extra_cuda_cflags]
 
     def cflags(self) -> list[str]:
         return [self.opt]
@@ -116,7 +118,7 @@ def arch_major(arch: str) -> int:
 
 
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
-             stages: int | None = None, stage_bytes: int | None = None) -> BuildSpec:
+             stages: int | None = None, stage_bytes: int | None = None, preload: bool = False) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
@@ -128,7 +130,9 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     stages = int(stages or os.environ.get("AMK_STAGES", 4))
     stage_bytes = int(stage_bytes or os.environ.get("AMK_STAGE_BYTES", 32768))
     extra = tuple(os.environ.get("AMK_NVCC_FLAGS", "").split())
-    return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra)
+    preload = bool(preload) and arch_major(arch) >= 9 and not tma   # the preload and the ring exclude each other
+    return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra,
+                     preload=preload)
 
 
 def _import_so(name: str, so: pathlib.Path):

@@ -309,7 +309,9 @@ class MegakernelVM:
         # -- build: the weight ring (sm_90+) shrinks or goes away where it does not fit next to the op area -------
         with torch.cuda.device(self.device):
             arch = jit.device_arch(self.device.index)
-        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma)
+        knobs = launch_knobs(program.config)
+        want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
+        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0)
         wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
         need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0) * 4, t)
                 for t in program.tasks]
@@ -324,7 +326,7 @@ class MegakernelVM:
                 fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
                 if fit < spec.stages:
                     spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
-                                        stages=max(2, min(fit, spec.stages)))
+                                        stages=max(2, min(fit, spec.stages)), preload=want > 0)
                     if not spec.tma:   # no ring after all: op area without stash terms
                         op_smem = max([16] + [smem_floats(t, self.threads) * 4 for t in program.tasks])
             self.ext = jit.build(spec)
@@ -340,11 +342,8 @@ class MegakernelVM:
         self.ring_bytes = int(info.get("ring_bytes", 0))
         self._alloc(weights)
         # -- the preload buffer: what the knob asks for, within what is left next to ring and op area -----------
-        knobs = launch_knobs(program.config)
-        want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
         room = optin - STATIC_SMEM_RESERVE - op_smem - self.ring_bytes
-        preload_cap = (min(want, room) // 128 * 128
-                       if arch_has_bulk_copy(arch) and not self.ring_bytes and want > 0 else 0)
+        preload_cap = min(want, room) // 128 * 128 if int(info.get("preload", 0)) and want > 0 else 0
         ptr = lambda bid: int(self.tensors[bid].data_ptr())  # noqa: E731
         self.instrs_np = pack_instructions(program, ptr, int(info["stage_bytes"]) if self.ring_bytes else 0,
                                            preload_cap=preload_cap)

@@ -28,7 +28,7 @@ typedef struct AmkParams {
 } AmkParams;
 
 // Trace record words per instruction (see AmkParams.trace): wait begin, ready, end, SM, then AMK_TRACE_MARKS
-// optional marks inside the task (0 = not reached): op entry (after the wait barrier), input staged (x / q in
+// optional marks inside the task (0 = not reached; only in builds with -DAMK_MARKS=1): op entry (after the wait barrier), input staged (x / q in
 // shared memory), main loop done (thread 0's share), closing barrier passed (before the counter signal).
 #define AMK_TRACE_MARKS 4
 #define AMK_TRACE_WORDS (4 + AMK_TRACE_MARKS)
@@ -41,7 +41,8 @@ int amk_prepare(int smem_bytes);                                   // raise the 
 int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream);  // cooperative launch on `stream`
 int amk_occupancy(int smem_bytes, int* blocks_per_sm);             // co-resident blocks per SM
 int amk_layout(const char** structs, const char** fields, long long* values, int max_entries);  // -> count
-int amk_build_info(int* out, int n);  // threads, prefetch depth, ABI version, CUDART, sizeof params, ring stages, stage bytes, tma
+int amk_build_info(int* out, int n);  // threads, prefetch depth, ABI version, CUDART, sizeof params, ring
+                                      // stages, stage bytes, tma, preload
 const char* amk_error_string(int err);
 #ifdef __cplusplus
 }

@@ -97,8 +97,8 @@ pybind11::dict layout() {
 }
 
 pybind11::dict build_info() {
-  int v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  amk_build_info(v, 8);
+  int v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+  amk_build_info(v, 9);
   pybind11::dict d;
   d["threads"] = v[0];
   d["prefetch_depth"] = v[1];
@@ -109,6 +109,7 @@ pybind11::dict build_info() {
   d["stage_bytes"] = v[6];
   d["tma"] = v[7];
   d["ring_bytes"] = v[7] ? v[5] * v[6] : 0;
+  d["preload"] = v[8];
   d["trace_words"] = AMK_TRACE_WORDS;
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;

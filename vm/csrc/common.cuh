@@ -28,7 +28,9 @@ static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_
 #define AMK_ATTN_TILE 256   // keys per attention tile (scores staged in smem)
 // q heads per register block in attention. 4 covers the GQA groups of the presets (2-4) in one pass; 8 made the
 // op's code ~2x larger and each attention task ~2.6 us slower on an H100 (docs/PERF.md, third session).
+#ifndef AMK_ATTN_GB
 #define AMK_ATTN_GB 4
+#endif
 #define AMK_ATTN_RGMAX 32   // max key row-groups in the P.V pass
 
 // Loads in flight per lane in the GEMV inner loop: R rows x U 16-byte chunks; T*R*U*16 B ~ 64 KB per block.
@@ -82,8 +84,13 @@ __device__ __forceinline__ void amk_report(const AmkParams& p, int code, int tas
 
 // Called by ONE thread of the block; the caller's following __syncthreads publishes *flag.
 // Trace mark k (0..AMK_TRACE_MARKS-1) of the running task, by thread 0, when the launch traces (AmkParams.trace).
+// Marks are compiled in only for profiling builds (-DAMK_MARKS=1, scripts/trace_breakdown.py --marks): even
+// untaken, the checks cost ~2% of a llama-3.2-1b step on an H100 (docs/PERF.md, third session).
+#ifndef AMK_MARKS
+#define AMK_MARKS 0
+#endif
 __device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) {
-  if (c.p->trace != nullptr && threadIdx.x == 0) {
+  if (AMK_MARKS && c.p->trace != nullptr && threadIdx.x == 0) {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 4 + k] = t;

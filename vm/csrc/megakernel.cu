@@ -92,8 +92,9 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
   __syncthreads();
+#if AMK_PREFETCH_DEPTH > 0
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
-  (void)pf;
+#endif
   const AmkCtx c{&p, &s_ins, (float*)(pre_buf + p.preload_bytes), s_red, s_part, &s_flag, sm, 0,
                  &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf};
   for (int qi = q0; qi < q1; ++qi) {
@@ -115,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
       s_flag = amk_wait_all(p, s_ins, sm);
       if (p.trace) t_ready = amk_globaltimer();
-    } else if (amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {  // concurrently with the wait
+    } else if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {  // concurrently with the wait
       amk_pre_issue(p, s_pre, s_pre.pending);
       s_pre.pending = -1;
     }
@@ -125,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       return;
     }
     const int out_ctr = s_ins.out_counter, next_pre = s_ins.next_preload;
-    if (amk_tid() == AMK_PRE_THREAD && next_pre >= 0 && s_pre.q == idx) {  // its ranges into L1 for the issue
+    if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && next_pre >= 0 && s_pre.q == idx) {  // ranges into L1
       const char* rng = (const char*)(p.instrs + next_pre) + offsetof(AmkInstr, prefetch_ptr);
       asm volatile("prefetch.global.L1 [%0];" :: "l"(rng));
     }
@@ -149,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
         t[3] = (uint64_t)sm;
       }
     }
-    if (amk_tid() == AMK_PRE_THREAD && s_pre.q == idx) s_pre.pending = next_pre;  // the buffer is free again
+    if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.q == idx) s_pre.pending = next_pre;  // buffer free
   }
 }
 
@@ -212,10 +213,10 @@ extern "C" int amk_layout(const char** structs, const char** fields, long long* 
 extern "C" int amk_build_info(int* out, int n) {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  const int v[8] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
-                    AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA};
-  for (int i = 0; i < n && i < 8; ++i) out[i] = v[i];
-  return 8;
+  const int v[9] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+                    AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD};
+  for (int i = 0; i < n && i < 9; ++i) out[i] = v[i];
+  return 9;
 }
 
 extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

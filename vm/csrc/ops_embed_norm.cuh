@@ -7,31 +7,19 @@
 
 // xs[0:K] = x[0:K] (coherent loads), then if nw != nullptr: xs = xs * rsqrt(mean(xs^2) + eps) * nw.
 // Ends with a barrier: xs is ready for every thread.                                   x: fp32 [K] global
-// The norm weights of this thread's first AMK_NORM_REGS elements are loaded before x, so their round trip overlaps
-// the x loads and the block reduction instead of following them.
-#define AMK_NORM_REGS 8
 __device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const void* nw,
                                             int nw_dt, float eps) {
-  const int tid = amk_tid();
-  float wr[AMK_NORM_REGS];
-  if (nw != nullptr) {
-#pragma unroll
-    for (int j = 0; j < AMK_NORM_REGS; ++j) {
-      const int i = tid + j * AMK_THREADS;
-      wr[j] = i < K ? amk_ldw(nw, nw_dt, i) : 0.f;
-    }
-  }
   float ss = 0.f;
   if ((K & 3) == 0 && amk_aligned16(x)) {
     const float4* x4 = (const float4*)x;
     float4* xs4 = (float4*)xs;
-    for (int i = tid; i < (K >> 2); i += AMK_THREADS) {
+    for (int i = amk_tid(); i < (K >> 2); i += AMK_THREADS) {
       const float4 v = __ldcg(x4 + i);
       xs4[i] = v;
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
   } else {
-    for (int i = tid; i < K; i += AMK_THREADS) {
+    for (int i = amk_tid(); i < K; i += AMK_THREADS) {
       const float v = __ldcg(x + i);
       xs[i] = v;
       ss += v * v;
@@ -40,13 +28,7 @@ __device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int
   if (nw != nullptr) {
     ss = amk_block_sum(ss, c.red);  // barriers inside: all of xs is written
     const float r = 1.0f / sqrtf(ss / (float)K + eps);
-#pragma unroll
-    for (int j = 0; j < AMK_NORM_REGS; ++j) {
-      const int i = tid + j * AMK_THREADS;
-      if (i < K) xs[i] = (xs[i] * r) * wr[j];
-    }
-    for (int i = tid + AMK_NORM_REGS * AMK_THREADS; i < K; i += AMK_THREADS)
-      xs[i] = (xs[i] * r) * amk_ldw(nw, nw_dt, i);
+    for (int i = amk_tid(); i < K; i += AMK_THREADS) xs[i] = (xs[i] * r) * amk_ldw(nw, nw_dt, i);
   }
   __syncthreads();
   amk_mark(c, 1);

@@ -232,6 +232,7 @@ template <class T, int NM, class Epi>
 __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const (&W)[NM], int K, int rn,
                                               const float* xs, float* stash, Epi epi) {
   AmkGeom g;
+#if AMK_PRE_DEVICE
   if (amk_pre_flagged(*c.ins) && c.pre->q == c.instr_index) {
     if (!amk_pre_wait(c)) return;
     const char* Ws[NM];
@@ -242,7 +243,11 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
       off += c.ins->prefetch_bytes[m];
     }
     amk_gemv_tile<T, NM>(c, Ws, K, rn, xs, AmkSrcShared{}, epi);
-  } else if (amk_stream_geom(*c.ins, g)) {
+    amk_mark(c, 2);
+    return;
+  }
+#endif
+  if (amk_stream_geom(*c.ins, g)) {
     amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
   } else {
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);

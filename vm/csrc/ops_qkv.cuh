@@ -19,22 +19,6 @@ __device__ __forceinline__ void amk_rope_pair(float a, float b, int pos, float f
   o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
 }
 
-#define AMK_QKV_FREQ_REGS 4  // RoPE frequencies held in registers per thread (whole heads: hd <= 256 covered)
-
-// Pair i of one whole head (y: the head's hd projected values): rotate, then write q (fp32) or the K cache row.
-__device__ __forceinline__ void amk_qkv_rope_store(void* dst, int dst_dt, int mode, int64_t base, int i, int half,
-                                                   const float* y, int pos, float freq) {
-  float o1, o2;
-  amk_rope_pair(y[i], y[i + half], pos, freq, o1, o2);
-  if (mode == AMK_QKV_MODE_Q) {
-    ((float*)dst)[base + i] = o1;
-    ((float*)dst)[base + i + half] = o2;
-  } else {
-    amk_store_elem(dst, dst_dt, base + i, o1);
-    amk_store_elem(dst, dst_dt, base + i + half, o2);
-  }
-}
-
 // ys[r] = W[row0 + r, :] . xs + bias[row0 + r]   (r < rows), per-dtype body with its own register allocation
 template <class T>
 __device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs, int row0, int rows, int K,
@@ -78,18 +62,6 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
     return;
   }
-  // RoPE frequencies of this thread's pairs, loaded now so their round trip overlaps the x loads and the GEMV
-  const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);  // CONST fp32 [hd/2]
-  const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
-  const int ps = in.ip[AMK_QKV_ROPE_IP_PAIR_START], pc = in.ip[AMK_QKV_ROPE_IP_PAIR_COUNT];
-  const int half = hd >> 1, lane = amk_lane();
-  float fr[AMK_QKV_FREQ_REGS];  // pair slice: pair ps + tid (j = 0); whole heads: pair lane + 32 j
-#pragma unroll
-  for (int j = 0; j < AMK_QKV_FREQ_REGS; ++j) {
-    const int i = pc > 0 ? (j == 0 ? amk_tid() : pc) : lane + 32 * j;
-    fr[j] = (mode != AMK_QKV_MODE_V && i < (pc > 0 ? pc : half)) ? amk_ldw(inv_freq, inv_dt, (pc > 0 ? ps : 0) + i)
-                                                                   : 0.f;
-  }
   float* xs = c.smem;
   float* ys = xs + amk_pad4(K);
   amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
@@ -98,19 +70,22 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   const int row0 = h0 * hd;
   const char* wbase = (const char*)amk_ptr(c, AMK_QKV_ROPE_IN_W);
+  const int ps = in.ip[AMK_QKV_ROPE_IP_PAIR_START], pc = in.ip[AMK_QKV_ROPE_IP_PAIR_COUNT];
+  const int half = hd >> 1, lane = amk_lane();
   if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
     amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
       amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys);
     });
     __syncthreads();
     if (*c.flag) return;
+    const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);
+    const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
     void* dst = amk_ptr(c, s_dst);
     const int dst_dt = amk_dtype(c, s_dst);
     const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)h0 * hd : ((int64_t)h0 * S + pos) * hd;
     for (int i = amk_tid(); i < pc; i += AMK_THREADS) {
       float o1 = ys[i], o2 = ys[pc + i];
-      if (mode != AMK_QKV_MODE_V)
-        amk_rope_pair(o1, o2, pos, i == amk_tid() ? fr[0] : amk_ldw(inv_freq, inv_dt, ps + i), o1, o2);
+      if (mode != AMK_QKV_MODE_V) amk_rope_pair(o1, o2, pos, amk_ldw(inv_freq, inv_dt, ps + i), o1, o2);
       if (mode == AMK_QKV_MODE_Q) {
         ((float*)dst)[base + ps + i] = o1;
         ((float*)dst)[base + half + ps + i] = o2;
@@ -129,6 +104,8 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
 
   const void* qkn = has_qkn ? amk_ptr(c, s_qkn) : nullptr;
   const int qkn_dt = has_qkn ? amk_dtype(c, s_qkn) : 0;
+  const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);  // CONST fp32 [hd/2]
+  const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
   void* dst = amk_ptr(c, s_dst);
   const int dst_dt = amk_dtype(c, s_dst);
   const float qk_eps = in.fp[AMK_QKV_ROPE_FP_QK_EPS];
@@ -148,12 +125,16 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
       for (int d = lane; d < hd; d += 32) y[d] = (y[d] * r) * amk_ldw(qkn, qkn_dt, d);
       __syncwarp();
     }
-#pragma unroll
-    for (int j = 0; j < AMK_QKV_FREQ_REGS; ++j) {
-      const int i = lane + 32 * j;
-      if (i < half) amk_qkv_rope_store(dst, dst_dt, mode, base, i, half, y, pos, fr[j]);
+    for (int i = lane; i < half; i += 32) {
+      float o1, o2;
+      amk_rope_pair(y[i], y[i + half], pos, amk_ldw(inv_freq, inv_dt, i), o1, o2);
+      if (mode == AMK_QKV_MODE_Q) {
+        ((float*)dst)[base + i] = o1;
+        ((float*)dst)[base + i + half] = o2;
+      } else {
+        amk_store_elem(dst, dst_dt, base + i, o1);
+        amk_store_elem(dst, dst_dt, base + i + half, o2);
+      }
     }
-    for (int i = lane + 32 * AMK_QKV_FREQ_REGS; i < half; i += 32)
-      amk_qkv_rope_store(dst, dst_dt, mode, base, i, half, y, pos, amk_ldw(inv_freq, inv_dt, i));
   }
 }

@@ -19,6 +19,13 @@
 #include "common.cuh"
 #include "mbarrier.cuh"
 
+// Compiled in only for builds that ask for it (vm/jit.py BuildSpec.preload, -DAMK_PRELOAD=1; the loader asks when
+// preload_kb > 0): the shared-memory tile instantiations grow every GEMV body, and on an H100 the larger code alone
+// cost ~3% of a llama-3.2-1b step with the preload off (docs/PERF.md, third session).
+#ifndef AMK_PRELOAD
+#define AMK_PRELOAD 0
+#endif
+#define AMK_PRE_DEVICE (AMK_MBAR_DEVICE && AMK_PRELOAD)
 #define AMK_PRELOAD_DETAIL (-100)  // TIMEOUT detail word: the preload barrier never completed
 
 #define AMK_PRE_THREAD (AMK_THREADS > 32 ? 32 : 0)
@@ -32,12 +39,12 @@ struct AmkPre {
 };
 
 __device__ __forceinline__ bool amk_pre_flagged(const AmkInstr& in) {
-  return AMK_MBAR_DEVICE && (in.flags & AMK_INSTR_FLAG_PRELOAD) != 0;
+  return AMK_PRE_DEVICE && (in.flags & AMK_INSTR_FLAG_PRELOAD) != 0;
 }
 
 // Producer: bulk-copy the weight ranges of instruction `idx` into the (free) buffer.
 __device__ __forceinline__ void amk_pre_issue(const AmkParams& p, AmkPre& P, int idx) {
-#if AMK_MBAR_DEVICE
+#if AMK_PRE_DEVICE
   const AmkInstr* in = p.instrs + idx;
   const int64_t b0 = __ldg((const long long*)&in->prefetch_bytes[0]);
   const int64_t b1 = __ldg((const long long*)&in->prefetch_bytes[1]);
@@ -64,7 +71,7 @@ __device__ __forceinline__ void amk_pre_init(const AmkParams& p, AmkPre& P, uint
   P.n = 0;
   P.bar = amk_smem_addr(bar);
   P.base = amk_smem_addr(base);
-  if (!AMK_MBAR_DEVICE || p.preload_bytes <= 0) return;
+  if (!AMK_PRE_DEVICE || p.preload_bytes <= 0) return;
   amk_mbar_init(P.bar);
   for (int q = q0; q < q1; ++q) {
     const int idx = __ldg(p.queue_items + q);
@@ -88,5 +95,5 @@ __device__ __forceinline__ bool amk_pre_wait(const AmkCtx& c) {
 
 // Thread 0, before the block exits early: let an in-flight preload land (bounded).
 __device__ __forceinline__ void amk_pre_drain(const AmkParams& p, const AmkPre& P) {
-  if (AMK_MBAR_DEVICE && P.n > 0) amk_mbar_drain(p, P.bar, (P.n - 1u) & 1u);
+  if (AMK_PRE_DEVICE && P.n > 0) amk_mbar_drain(p, P.bar, (P.n - 1u) & 1u);
 }
