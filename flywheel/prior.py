@@ -79,6 +79,12 @@ KNOBS: tuple[Knob, ...] = (
          doc="KB of shared memory for the whole-tile weight preload (sm_90+, 0 = off; > 0 also selects the kernel "
              "build with the preload path): GEMV-family tasks whose tile fits are bulk-copied into it before they "
              "wait, while the block runs the tasks in between"),
+    Knob("mlp_prefetch_kb", int, 0, choices=(0, 64, 128, 192, 256, 384, 512),
+         doc="KB of each gate/up tile asked into L2 by an L2_PREFETCH task while the attention hops leave HBM "
+             "mostly idle (half from the gate rows, half from the up rows; 0 = no prefetch tasks)"),
+    Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
+         doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
+             "tiles done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
 )

@@ -17,6 +17,7 @@ from schedule.ir import MegakernelProgram, GpuTarget
 TASK_OVERHEAD_US = 2.5      # dispatch + wait + x staging + block-wide reductions per task
 PER_SM_GBPS = 23.0          # streaming rate of one SM when every SM streams (3.05 TB/s / 132)
 ATTN_US_PER_POSITION = 0.05
+PREFETCH_US = 1.0           # one L2_PREFETCH task: wait + issue (assumed, not calibrated)
 
 
 def attn_positions(task, ctx: int) -> int:
@@ -26,7 +27,10 @@ def attn_positions(task, ctx: int) -> int:
 
 
 def task_us(program: MegakernelProgram, task, ctx: int, per_sm: float) -> float:
-    """Predicted time of one task on one SM (per_sm: bytes per us)."""
+    """Predicted time of one task on one SM (per_sm: bytes per us). An L2_PREFETCH only issues requests:
+    PREFETCH_US (an assumption, not calibrated), and its bytes stay with the consumer."""
+    if task.op == "L2_PREFETCH":
+        return PREFETCH_US
     t = task_bytes(program, task, ctx) / per_sm + TASK_OVERHEAD_US
     if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
         t += ATTN_US_PER_POSITION * attn_positions(task, ctx)

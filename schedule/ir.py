@@ -58,6 +58,7 @@ class InstructionKind(str, enum.Enum):
     ATTENTION = "attention"
     ELEMENTWISE = "elementwise"
     REDUCE = "reduce"
+    PREFETCH = "prefetch"
 
 
 @dataclasses.dataclass

@@ -7,6 +7,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                    QKV_ROPE tiles per head      -> q_l, K/V cache append   counter qkv[l][kv_head]
                    ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits -> ATTN_MERGE)   waits qkv[l][its head]
                    GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False)
+                   [L2_PREFETCH per gate/up tile: the tile's first mlp_prefetch_kb KB into L2, released by
+                    the layer input, the last QKV group or attention (mlp_prefetch_at): HBM is mostly idle
+                    during the attention hops]
                    GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
                    GEMV down tiles + residual   -> x_{l+1}
     LM head GEMV tiles (final norm fused) -> logits -> ARGMAX -> next_token
@@ -163,13 +166,20 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                        [c_qkv], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
             b.task("ATTN_MERGE", [partial], [attn], {"kv_head": kvh, "group": G, "head_dim": hd, "n_splits": splits},
                    [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
+    wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
+    wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
+    if cfg.mlp_prefetch_kb:   # the gate/up tiles' heads into L2 while the latency-bound attention hops run
+        trigger = {"layer": cin, "qkv": c_qkv, "attn": c_attn}[cfg.mlp_prefetch_at]
+        per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
+        for r0, rn in _tiles(c.intermediate, cfg.mlp_rows):
+            n = min(rn * H, per_matrix)
+            b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
+                                                 "count_b": n}, [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
     xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
     wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
     _residual_gemv(b, cfg, attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid, f"L{l}.o_proj")
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
-    wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
-    wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
     for r0, rn in _tiles(c.intermediate, cfg.mlp_rows):
         b.task("GEMV_SILU_MUL", [xin2, wg, wu] + ([nw2] if nw2 is not None else []), [h],
                {"row_start": r0, "row_count": rn, "k": H, "n": c.intermediate, "has_norm": int(nw2 is not None),

@@ -101,6 +101,12 @@ def accesses(task, numel) -> list[Access]:
         rng("a", a, a + n); rng("b", a, a + n); rng("y", a, a + n, True)
     elif op == "ARGMAX":
         rng("logits", 0, _p(task, "n")); whole("token", True)
+    elif op == "L2_PREFETCH":
+        a, n = _p(task, "start_a"), _p(task, "count_a")
+        rng("w_a", a, a + n)
+        if "w_b" in s:
+            b, m = _p(task, "start_b"), _p(task, "count_b")
+            rng("w_b", b, b + m)
     else:
         raise KeyError(f"no access rule for opcode {op}")
     return out
@@ -119,11 +125,15 @@ def qkv_rows(task) -> list[tuple[int, int]]:
 
 def weight_ranges(task, numel) -> list[Access]:
     """The read accesses of WEIGHT-like slots (streamed, prefetchable)."""
-    return [a for a in accesses(task, numel) if not a.write and a.slot in ("w", "w_gate", "w_up", "table")]
+    return [a for a in accesses(task, numel)
+            if not a.write and a.slot in ("w", "w_gate", "w_up", "table", "w_a", "w_b")]
 
 
 def estimate(task, numel, itemsize) -> tuple[int, int]:
-    """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context) + small vectors."""
+    """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context) + small vectors. An L2_PREFETCH
+    costs nothing here: its bytes are the consumer's, counted there, and moving them does not occupy the SM."""
+    if task.op == "L2_PREFETCH":
+        return 0, 0
     byts = 0
     for a in accesses(task, numel):
         n = a.hi - a.lo

@@ -111,6 +111,24 @@ def breakdown(prog, tr) -> dict:
     return {"families": rows, "per_sm": per_sm, "layer": mid, "phases": phases}
 
 
+def parse_variant(v: str, marks: bool = False) -> tuple[str, dict, dict]:
+    """'NAME=JSON' -> (name, schedule config, build keys); marks adds -DAMK_MARKS=1 to the nvcc flags."""
+    name, _, js = v.partition("=")
+    cfg = json.loads(js or "{}")
+    build = {k: cfg.pop(k) for k in list(cfg) if k in BUILD_KEYS}
+    if marks:
+        build["nvcc"] = (build.get("nvcc", "") + " -DAMK_MARKS=1").strip()
+    return name, cfg, build
+
+
+def set_build_env(build: dict) -> None:
+    """Point vm/jit.py's spec_for at this variant's build (read when a MegakernelVM is constructed)."""
+    for k, env in BUILD_KEYS.items():
+        os.environ.pop(env, None)
+        if k in build:
+            os.environ[env] = str(build[k]) if k == "nvcc" else str(int(build[k]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -127,15 +145,8 @@ def main():
     g = load_model(a.model, dtype=a.dtype, device="cuda")
     out = []
     for v in a.variants:
-        name, _, js = v.partition("=")
-        cfg = json.loads(js or "{}")
-        build = {k: cfg.pop(k) for k in list(cfg) if k in BUILD_KEYS}
-        if a.marks:
-            build["nvcc"] = (build.get("nvcc", "") + " -DAMK_MARKS=1").strip()
-        for k, env in BUILD_KEYS.items():
-            os.environ.pop(env, None)
-            if k in build:
-                os.environ[env] = str(build[k]) if k == "nvcc" else str(int(build[k]))
+        name, cfg, build = parse_variant(v, a.marks)
+        set_build_env(build)
         try:
             prog = lower(g, target, cfg, max_seq=a.ctx + 64)
         except Exception as e:  # a config the IR refuses: report and go on

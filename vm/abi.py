@@ -99,6 +99,10 @@ _OPS = [
     OpSpec("ADD", 9, "elementwise", ("a", "b"), ("y",), ("start", "count")),
     # token[0] = argmax(logits[0:n]) (first index on ties)
     OpSpec("ARGMAX", 10, "reduce", ("logits",), ("token",), ("n",)),
+    # no effect on any buffer: asks L2 for w_a[start_a : start_a+count_a] (and the w_b range) so a later task's
+    # weights are on chip before it runs; placed where HBM would otherwise idle (lowering knob mlp_prefetch_kb)
+    OpSpec("L2_PREFETCH", 11, "prefetch", ("w_a",), (), ("start_a", "count_a", "has_b", "start_b", "count_b"),
+           (), (("w_b", "has_b"),)),
 ]
 OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
 OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}

@@ -26,8 +26,11 @@ import sys
 import time
 from typing import Any
 
+from vm.abi import DTYPE_CODES
+
 CSRC = pathlib.Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "megakernel.cu")
+ALL_DTYPES = (1 << DTYPE_CODES["f32"]) | (1 << DTYPE_CODES["bf16"]) | (1 << DTYPE_CODES["f16"])   # AMK_DTYPES
 META_NAME = "amk_build.json"
 _LOADED: dict[str, Any] = {}
 LAST_BUILD: dict[str, Any] = {}
@@ -73,6 +76,8 @@ class BuildSpec:
     opt: str = "-O3"
     extra_cuda_cflags: tuple[str, ...] = ()
     preload: bool = False         # whole-tile weight preload path (sm_90+, vm/csrc/preload.cuh)
+    dtypes: int = ALL_DTYPES      # element types compiled in: bit (1 << DTYPE_CODES[name]) per weight / cache type
+
 
     def __post_init__(self):
         if not (128 <= self.threads <= 1024 and self.threads % 32 == 0):
@@ -81,6 +86,8 @@ class BuildSpec:
             raise BuildError(f"prefetch_depth {self.prefetch_depth}: must be in [0, 8]")
         if self.tma and arch_major(self.arch) < 9:
             raise BuildError(f"the bulk-copy weight ring needs sm_90+, not {self.arch} (tma=False)")
+        if not (self.dtypes & ALL_DTYPES) or self.dtypes & ~ALL_DTYPES:
+            raise BuildError(f"dtypes mask {self.dtypes}: a non-empty subset of {ALL_DTYPES} (f32, bf16, f16 bits)")
         if not (1 <= self.stages <= 16 and self.stage_bytes % 128 == 0 and 4096 <= self.stage_bytes <= 65536):
             raise BuildError(f"ring geometry {self.stages} x {self.stage_bytes} B out of range")
 
@@ -92,7 +99,7 @@ class BuildSpec:
         return [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
                 f"-DAMK_PREFETCH_DEPTH={self.prefetch_depth}", f"-DAMK_TMA={int(self.tma)}",
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
-                f"-DAMK_PRELOAD={int(self.preload)}", *self.extra_cuda_cflags]
+                f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}", *self.extra_cuda_cflags]
 
     def cflags(self) -> list[str]:
         return [self.opt]
@@ -118,11 +125,14 @@ def arch_major(arch: str) -> int:
 
 
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
-             stages: int | None = None, stage_bytes: int | None = None, preload: bool = False) -> BuildSpec:
+             stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
+             dtypes: int = 0) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
-    streaming path measured faster (docs in vm/csrc/stream.cuh)."""
+    streaming path measured faster (docs in vm/csrc/stream.cuh). ``dtypes``: the weight / KV-cache element types to
+    compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
+    llama-3.2-1b (docs/PERF.md, fourth session)."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -132,7 +142,12 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     extra = tuple(os.environ.get("AMK_NVCC_FLAGS", "").split())
     preload = bool(preload) and arch_major(arch) >= 9 and not tma   # the preload and the ring exclude each other
     return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra,
-                     preload=preload)
+                     preload=preload, dtypes=int(dtypes) or ALL_DTYPES)
+
+
+def dtype_mask(names) -> int:
+    """Build mask of element-type names ('f32', 'bf16', 'f16'; others, e.g. 'i32', have no typed code path)."""
+    return sum(1 << DTYPE_CODES[n] for n in set(names) if n in ("f32", "bf16", "f16"))
 
 
 def _import_so(name: str, so: pathlib.Path):

@@ -37,6 +37,7 @@ STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
 STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
+DTYPE_DETAILS = {-200 - code: name for name, code in abi.DTYPE_CODES.items()}   # AMK_DTYPE_DETAIL - dtype (common.cuh)
 PRELOAD_DETAIL = -100         # AMK_PRELOAD_DETAIL (vm/csrc/preload.cuh): TIMEOUT detail of the preload barrier
 L2_PREFETCH_FRACTION = 0.5     # default share of L2 the look-ahead prefetch window may take (all blocks)
 
@@ -311,7 +312,10 @@ class MegakernelVM:
             arch = jit.device_arch(self.device.index)
         knobs = launch_knobs(program.config)
         want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
-        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0)
+        # one build per set of weight / KV-cache element types: the other types' code paths are not compiled
+        dtypes = jit.dtype_mask(device_dtype(b).value for b in program.buffers
+                                if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
+        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes)
         wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
         need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0) * 4, t)
                 for t in program.tasks]
@@ -326,7 +330,7 @@ class MegakernelVM:
                 fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
                 if fit < spec.stages:
                     spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
-                                        stages=max(2, min(fit, spec.stages)), preload=want > 0)
+                                        stages=max(2, min(fit, spec.stages)), preload=want > 0, dtypes=dtypes)
                     if not spec.tma:   # no ring after all: op area without stash terms
                         op_smem = max([16] + [smem_floats(t, self.threads) * 4 for t in program.tasks])
             self.ext = jit.build(spec)
@@ -504,7 +508,10 @@ class MegakernelVM:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited on counter {detail} "
                     f"('{cname}') for >= {thr}, value {val}")
         if code == abi.STATUS_BAD_INPUT:
-            if opname == "EMBED":
+            if detail in DTYPE_DETAILS:
+                what = (f"this kernel build has no code for element type {DTYPE_DETAILS[detail]} (built for mask "
+                        f"{self.build_info.get('dtypes')}); the VM builds for its program's types")
+            elif opname == "EMBED":
                 what = f"token id {detail} outside the vocabulary"
             elif opname in ("QKV_ROPE", "ATTN_DECODE", "ATTN_PARTIAL"):
                 what = f"position {detail} outside the KV cache [0, {self.max_seq})"

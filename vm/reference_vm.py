@@ -199,9 +199,14 @@ def op_argmax(vm, t):
     vm.buf(s["token"])[0] = int(torch.argmax(vm.buf(s["logits"])[:n]))
 
 
+def op_l2_prefetch(vm, t):
+    """A cache hint on the GPU: no buffer changes (the ranges are checked by the validator like any read)."""
+
+
 REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
              "QKV_ROPE": op_qkv_rope, "ATTN_DECODE": op_attn_decode, "ATTN_PARTIAL": op_attn_partial,
-             "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax}
+             "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
+             "L2_PREFETCH": op_l2_prefetch}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 
 

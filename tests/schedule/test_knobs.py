@@ -119,10 +119,40 @@ def _check_fuse_residual(p, v):
     assert all(t.params.get("has_residual", 0) == 0 for t in p.tasks if t.op == "GEMV")
 
 
+def _prefetch_tasks(p):
+    return [t for t in p.tasks if t.op == "L2_PREFETCH"]
+
+
+def _check_mlp_prefetch_kb(p, v):
+    assert not _prefetch_tasks(BASE)
+    tasks = _prefetch_tasks(p)
+    assert len(tasks) == C.n_layers * _tiles(C.intermediate, KNOB_BY_NAME["mlp_rows"].default)
+    per_matrix = v * 1024 // 2 // 4   # elements of each of gate and up (toy weights are f32)
+    tile = KNOB_BY_NAME["mlp_rows"].default * C.hidden
+    for t in tasks:   # the head of one gate/up tile, in both matrices, capped at the tile
+        gate_up = next(g for g in p.tasks if g.op == "GEMV_SILU_MUL" and g.label.split(".")[0] == t.label.split(".")[0]
+                       and g.params["row_start"] * C.hidden == t.params["start_a"])
+        assert t.params["count_a"] == t.params["count_b"] == min(per_matrix, gate_up.params["row_count"] * C.hidden)
+        assert t.inputs == gate_up.inputs[1:3] and t.outputs == [] and t.out_counter == -1
+        assert t.params["count_a"] <= tile
+
+
+def _check_mlp_prefetch_at(p, v):
+    base = _lower(**REQUIRES["mlp_prefetch_at"])
+    names = {t.waits[0].counter for t in _prefetch_tasks(base)}, {t.waits[0].counter for t in _prefetch_tasks(p)}
+    assert names[0] != names[1]
+    prefix = {"layer": "x", "qkv": "qkv", "attn": "attn"}[v]
+    assert all(p.counters[t.waits[0].counter].name.startswith(prefix) for t in _prefetch_tasks(p))
+
+
+# knobs that act only together with another one: both sides of the comparison carry these values
+REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}}
+
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
-              "fuse_residual": _check_fuse_residual}
+              "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
+              "mlp_prefetch_at": _check_mlp_prefetch_at}
 
 
 def test_every_knob_has_an_alternative_value():
@@ -138,8 +168,9 @@ def test_every_program_knob_has_a_structural_check():
 @pytest.mark.parametrize("knob,value", [(k, v) for k, v in CASES if k.affects == "program"],
                          ids=[f"{k.name}={v}" for k, v in CASES if k.affects == "program"])
 def test_program_knob_changes_the_program(knob, value):
-    prog = _lower(**{knob.name: value})
-    assert _structure(prog) != _structure(BASE), f"{knob.name}={value!r} left the program unchanged"
+    req = REQUIRES.get(knob.name, {})
+    prog = _lower(**req, **{knob.name: value})
+    assert _structure(prog) != _structure(_lower(**req)), f"{knob.name}={value!r} left the program unchanged"
     STRUCTURAL[knob.name](prog, value)
 
 

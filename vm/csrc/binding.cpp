@@ -97,8 +97,8 @@ pybind11::dict layout() {
 }
 
 pybind11::dict build_info() {
-  int v[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-  amk_build_info(v, 9);
+  int v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  amk_build_info(v, 10);
   pybind11::dict d;
   d["threads"] = v[0];
   d["prefetch_depth"] = v[1];
@@ -110,6 +110,7 @@ pybind11::dict build_info() {
   d["tma"] = v[7];
   d["ring_bytes"] = v[7] ? v[5] * v[6] : 0;
   d["preload"] = v[8];
+  d["dtypes"] = v[9];
   d["trace_words"] = AMK_TRACE_WORDS;
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;

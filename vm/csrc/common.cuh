@@ -24,6 +24,15 @@
 static_assert(AMK_THREADS % 32 == 0 && AMK_THREADS >= 128 && AMK_THREADS <= 1024, "AMK_THREADS: 128..1024, x32");
 static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_DEPTH out of range");
 
+// Element types of weights / KV caches compiled in: bit (1 << AMK_DTYPE_x). Each type instantiates every GEMV and
+// attention body, so a build for one type has ~half the code (vm/jit.py builds for the program's types).
+#ifndef AMK_DTYPES
+#define AMK_DTYPES ((1 << AMK_DTYPE_F32) | (1 << AMK_DTYPE_BF16) | (1 << AMK_DTYPE_F16))
+#endif
+#define AMK_HAS_DTYPE(dt) (((AMK_DTYPES) >> (dt)) & 1)
+#define AMK_DTYPE_DETAIL (-200)  // BAD_INPUT detail of a dtype this build lacks: AMK_DTYPE_DETAIL - dtype
+static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a non-empty mask of F32/BF16/F16");
+
 #define AMK_NWARPS (AMK_THREADS / 32)
 #define AMK_ATTN_TILE 256   // keys per attention tile (scores staged in smem)
 // q heads per register block in attention. 4 covers the GQA groups of the presets (2-4) in one pass; 8 made the

@@ -67,6 +67,7 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
     case AMK_OP_ATTN_MERGE: amk_op_attn_merge(c); break;
     case AMK_OP_ADD: amk_op_add(c); break;
     case AMK_OP_ARGMAX: amk_op_argmax(c); break;
+    case AMK_OP_L2_PREFETCH: amk_op_l2_prefetch(c); break;
     default:
       if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_OPCODE, c.instr_index);
       break;
@@ -213,10 +214,10 @@ extern "C" int amk_layout(const char** structs, const char** fields, long long* 
 extern "C" int amk_build_info(int* out, int n) {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  const int v[9] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
-                    AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD};
-  for (int i = 0; i < n && i < 9; ++i) out[i] = v[i];
-  return 9;
+  const int v[10] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+                     AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD, AMK_DTYPES};
+  for (int i = 0; i < n && i < 10; ++i) out[i] = v[i];
+  return 10;
 }
 
 extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

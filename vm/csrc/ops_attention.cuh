@@ -227,9 +227,10 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q);
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
-  amk_dispatch_dtype(amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
-    amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
-  });
+  if (!amk_dispatch_dtype(c, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
+        amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
+      }))
+    return;
   amk_mark(c, 2);
   const float* o_s = c.smem + amk_pad4(G * D);
   const int RG = amk_attn_rg(D);

@@ -161,13 +161,15 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
   }
 }
 
+// f(T()) for the element type dt; only the types of AMK_DTYPES are compiled in (common.cuh). A type that is not
+// reports BAD_INPUT (detail AMK_DTYPE_DETAIL - dt) and returns false; vm/jit.py picks a build that covers the program.
 template <class F>
-__device__ __forceinline__ void amk_dispatch_dtype(int dt, F f) {
-  switch (dt) {
-    case AMK_DTYPE_BF16: f(AmkBF16()); break;
-    case AMK_DTYPE_F16: f(AmkF16()); break;
-    default: f(AmkF32()); break;
-  }
+__device__ __forceinline__ bool amk_dispatch_dtype(const AmkCtx& c, int dt, F f) {
+  if (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) { f(AmkBF16()); return true; }
+  if (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16) { f(AmkF16()); return true; }
+  if (AMK_HAS_DTYPE(AMK_DTYPE_F32) && dt == AMK_DTYPE_F32) { f(AmkF32()); return true; }
+  if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, AMK_DTYPE_DETAIL - dt);
+  return false;
 }
 
 // Rows [0, g.rows) of a streamed task, stage by stage from the weight ring. Within a stage, warp group gi = warp/wpr
@@ -290,7 +292,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
-  amk_dispatch_dtype(amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
+  amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
     amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y);
   });
 }
@@ -320,7 +322,7 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);
   // gate and up share the program's dtype; the gate's descriptor decides.
-  amk_dispatch_dtype(amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE), [&](auto tag) {
+  amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE), [&](auto tag) {
     amk_silu_body<decltype(tag)>(c, xs, r0, rn, K, g0, u0, h);
   });
 }

@@ -1,9 +1,18 @@
-// ADD and ARGMAX.
-//   ADD:    y[s:s+n] = a[s:s+n] + b[s:s+n]                         (fp32 activations)
-//   ARGMAX: token[0] = argmax(logits[0:n]); ties -> first index; NaN counts as the maximum (like torch.argmax)
+// ADD, ARGMAX and L2_PREFETCH.
+//   ADD:         y[s:s+n] = a[s:s+n] + b[s:s+n]                    (fp32 activations)
+//   ARGMAX:      token[0] = argmax(logits[0:n]); ties -> first index; NaN counts as the maximum (like torch.argmax)
+//   L2_PREFETCH: no buffer changes; asks L2 for the instruction's weight ranges (prefetch_ptr/bytes, packed by the
+//                loader from w_a[start_a, +count_a) and w_b[start_b, +count_b)), so a later task finds them on chip
 #pragma once
 #include <limits.h>
 #include "common.cuh"
+#include "sync.cuh"
+
+__device__ __noinline__ void amk_op_l2_prefetch(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+#pragma unroll
+  for (int k = 0; k < AMK_MAX_PREFETCH; ++k) amk_prefetch_range(in.prefetch_ptr[k], in.prefetch_bytes[k]);
+}
 
 __device__ __noinline__ void amk_op_add(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;

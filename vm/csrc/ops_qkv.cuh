@@ -73,7 +73,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const int ps = in.ip[AMK_QKV_ROPE_IP_PAIR_START], pc = in.ip[AMK_QKV_ROPE_IP_PAIR_COUNT];
   const int half = hd >> 1, lane = amk_lane();
   if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
-    amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
+    amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
       amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys);
     });
     __syncthreads();
@@ -96,7 +96,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     }
     return;
   }
-  amk_dispatch_dtype(amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
+  amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
     amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys);
   });
   __syncthreads();

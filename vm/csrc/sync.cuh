@@ -81,7 +81,29 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
   return 0;
 }
 
-// Block-wide: ask L2 to fetch the first `cap` bytes of each of an instruction's weight ranges.
+// Block-wide: ask L2 for bytes [ptr, ptr + bytes), trimmed inward to 16-byte alignment; one bulk prefetch per CH
+// bytes on sm_90+, one prefetch per 128-byte line before.
+__device__ __forceinline__ void amk_prefetch_range(uint64_t ptr, int64_t bytes) {
+  if (ptr == 0 || bytes <= 0) return;
+  const uint64_t base = (ptr + 15) & ~15ull;  // 16-byte aligned, inside the range
+  bytes = (int64_t)(((ptr + (uint64_t)bytes) & ~15ull) - base);
+  if (bytes <= 0) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int64_t CH = 4096;
+  const int64_t n = (bytes + CH - 1) / CH;
+  for (int64_t i = amk_tid(); i < n; i += AMK_THREADS) {
+    const int64_t off = i * CH;
+    const unsigned sz = (unsigned)((bytes - off) < CH ? (bytes - off) : CH);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + off), "r"(sz) : "memory");
+  }
+#else
+  const int64_t n = (bytes + 127) / 128;
+  for (int64_t i = amk_tid(); i < n; i += AMK_THREADS)
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(base + i * 128));
+#endif
+}
+
+// Block-wide: ask L2 to fetch the first `cap` bytes of each of an instruction's weight ranges (global memory).
 __device__ __forceinline__ void amk_prefetch_instr(const AmkInstr* in, int64_t cap) {
   if (cap <= 0) return;
   const int nr = __ldg((const long long*)&in->prefetch_bytes[1]) > 0 ? 2 : 1;
@@ -89,24 +111,7 @@ __device__ __forceinline__ void amk_prefetch_instr(const AmkInstr* in, int64_t c
   for (int k = 0; k < AMK_MAX_PREFETCH; ++k) {
     if (k >= nr) break;
     const uint64_t ptr = __ldg((const unsigned long long*)&in->prefetch_ptr[k]);
-    int64_t bytes = (int64_t)__ldg((const long long*)&in->prefetch_bytes[k]);
-    if (ptr == 0 || bytes <= 0) continue;
-    if (bytes > cap / nr) bytes = cap / nr;
-    const uint64_t base = (ptr + 15) & ~15ull;  // 16-byte aligned, inside the range
-    bytes = (int64_t)(((ptr + (uint64_t)bytes) & ~15ull) - base);
-    if (bytes <= 0) continue;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int64_t CH = 4096;  // one bulk prefetch per 4 KB
-    const int64_t n = (bytes + CH - 1) / CH;
-    for (int64_t i = amk_tid(); i < n; i += AMK_THREADS) {
-      const int64_t off = i * CH;
-      const unsigned sz = (unsigned)((bytes - off) < CH ? (bytes - off) : CH);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + off), "r"(sz) : "memory");
-    }
-#else
-    const int64_t n = (bytes + 127) / 128;  // one prefetch per 128-byte line
-    for (int64_t i = amk_tid(); i < n; i += AMK_THREADS)
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(base + i * 128));
-#endif
+    const int64_t bytes = (int64_t)__ldg((const long long*)&in->prefetch_bytes[k]);
+    amk_prefetch_range(ptr, bytes < cap / nr ? bytes : cap / nr);
   }
 }

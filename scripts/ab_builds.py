@@ -1,0 +1,88 @@
+"""Device script (issue 4): interleaved A/B timing of build and schedule variants in ONE process.
+
+    python scripts/ab_builds.py llama-3.2-1b --ctx 512 --rounds 7 \\
+        --variants 'base={}' 'bf16={"nvcc":"-DAMK_DTYPES=2"}'
+
+The lent GPUs differ by up to 10% between machines, so a speed claim compares variants timed side by side: every
+variant is built (its own cached extension), checked against transformers (eval.bench.check_program; a wrong
+variant is never timed), then the variants are timed round-robin, `--rounds` times each (CUDA events, one median of
+`--iters` steps per round). Variants use trace_breakdown.py's NAME=JSON syntax (schedule keys + tma / stages /
+stage_bytes / nvcc build keys). Prints a table last (median, min, max, ratio to the first variant); JSON to $OUT.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from eval.bench import check_program, time_vm  # noqa: E402
+from eval.roofline import roofline  # noqa: E402
+from schedule.graph import load_model  # noqa: E402
+from schedule.ir import get_target, validate  # noqa: E402
+from schedule.lower import lower  # noqa: E402
+from scripts.trace_breakdown import parse_variant, set_build_env  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--variants", nargs="+", default=["default={}"])
+    a = ap.parse_args()
+    from vm.loader import MegakernelVM
+    target = get_target("auto")
+    g = load_model(a.model, dtype=a.dtype, device="cuda")
+    vms, rows = {}, {}
+    for v in a.variants:
+        name, cfg, build = parse_variant(v)
+        set_build_env(build)
+        row = rows[name] = {"variant": name, "config": cfg, "build": build}
+        try:
+            prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+            res = validate(prog)
+            if not res.ok:
+                raise ValueError(res.errors[0])
+            t0 = time.time()
+            vm = MegakernelVM(prog, g.weights)
+            chk = check_program(vm, g, 4)
+            row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], build_s=round(time.time() - t0, 1),
+                       floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[])
+            if chk["correct"]:
+                vms[name] = vm
+        except Exception as e:  # report and go on with the next variant
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps(row), flush=True)
+    set_build_env({})
+    for _ in range(a.rounds):
+        for name, vm in vms.items():
+            rows[name]["rounds"].append(round(time_vm(vm, g.config.vocab, a.ctx, a.iters, repeats=1, warmup=3)["us"], 1))
+    first = None
+    print(f"\n== {a.model} {a.dtype} ctx {a.ctx} on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}, "
+          f"{a.rounds} interleaved rounds of {a.iters} steps")
+    print(f"{'variant':16s} {'median us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}  build")
+    for name, r in rows.items():
+        if "error" in r or not r.get("rounds"):
+            print(f"{name:16s} {'-':>10s}  {r.get('error', 'not correct: not timed')}")
+            continue
+        med = statistics.median(r["rounds"])
+        r["median_us"] = med
+        first = first or med
+        print(f"{name:16s} {med:10.1f} {min(r['rounds']):8.1f} {max(r['rounds']):8.1f} {med / first:8.3f}  "
+              f"{json.dumps(r['build'])} {json.dumps(r['config'])}")
+    if os.environ.get("OUT"):
+        pathlib.Path(os.environ["OUT"], f"ab_{a.model}_{a.ctx}.json").write_text(json.dumps(list(rows.values()), indent=1))
+
+
+if __name__ == "__main__":
+    main()
