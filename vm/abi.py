@@ -31,6 +31,9 @@ MAX_PREFETCH = 2
 DTYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4}
 
+# AmkBufDesc.kind codes (BufferKind values of schedule/ir.py)
+KIND_CODES = {"weight": 0, "activation": 1, "kv_cache": 2, "io_input": 3, "io_output": 4, "const": 5}
+
 # Status words written by the kernel (``status`` array, int32).
 STATUS_FIELDS = ("code", "task", "opcode", "detail", "sm")
 STATUS_OK, STATUS_BAD_OPCODE, STATUS_TIMEOUT, STATUS_BAD_INPUT = 0, 1, 2, 3
@@ -167,6 +170,9 @@ def render_header() -> str:
          f"#define AMK_MAX_FPARAMS {MAX_FPARAMS}", f"#define AMK_MAX_PREFETCH {MAX_PREFETCH}", ""]
     for k, v in DTYPE_CODES.items():
         L.append(f"#define AMK_DTYPE_{k.upper()} {v}")
+    L.append("")
+    for k, v in KIND_CODES.items():
+        L.append(f"#define AMK_KIND_{k.upper()} {v}")
     L.append("")
     for i, f in enumerate(STATUS_FIELDS):
         L.append(f"#define AMK_STATUS_{f.upper()} {i}")

@@ -31,8 +31,7 @@ from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight
 from schedule.ops import accesses, weight_ranges
 from vm import abi
 
-KIND_CODES = {BufferKind.WEIGHT: 0, BufferKind.ACTIVATION: 1, BufferKind.KV_CACHE: 2, BufferKind.IO_INPUT: 3,
-              BufferKind.IO_OUTPUT: 4, BufferKind.CONST: 5}
+KIND_CODES = {k: abi.KIND_CODES[k.value] for k in BufferKind}
 STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
@@ -116,9 +115,25 @@ def stash_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int
     return _pad4(_stream_rows(task) * nmat * wpr)
 
 
+def norm_floats(task) -> int:
+    """Floats after a task's op area holding its fused RMSNorm weight, staged before its wait -- mirror of
+    amk_norm_floats in vm/csrc/ops_embed_norm.cuh."""
+    p = task.params
+    if task.op == "RMSNORM":
+        return _pad4(int(p["n"]))
+    if task.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") and int(p.get("has_norm", 0)):
+        return _pad4(int(p["k"]))
+    return 0
+
+
 def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0) -> int:
-    """Dynamic shared memory (floats) of a task's op area -- mirror of amk_smem_floats in vm/csrc/megakernel.cu.
-    weight_bytes / stage_bytes: the weight dtype size and ring stage size (0 = no ring) for the stash term."""
+    """Dynamic shared memory (floats) of a task: its op area (mirror of amk_smem_floats in
+    vm/csrc/megakernel.cu) plus its staged norm weight (norm_floats). weight_bytes / stage_bytes: the weight dtype
+    size and ring stage size (0 = no ring) for the stash term."""
+    return _op_floats(task, threads, weight_bytes, stage_bytes) + norm_floats(task)
+
+
+def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int:
     p = task.params
     stash = stash_floats(task, threads, weight_bytes, stage_bytes)
     if task.op == "RMSNORM":

@@ -54,6 +54,14 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 struct AmkRing;  // stream.cuh
 struct AmkPre;   // preload.cuh
 
+// One buffer slot of the running task, resolved into shared memory while thread 0 waits (amk_prep_slots): the
+// descriptor's pointer and dtype, and for IO_INPUT buffers (token, pos: constant during a launch) their first word.
+struct AmkSlot {
+  uint64_t ptr;
+  int dtype;
+  int scalar;
+};
+
 // Everything an op needs: launch params, the task's instruction (a shared-memory copy), smem areas, its SM.
 struct AmkCtx {
   const AmkParams* p;
@@ -69,6 +77,8 @@ struct AmkCtx {
   int q1;                // end of this block's queue (the producer's horizon)
   AmkPre* pre;           // preload state (shared memory; preload.cuh)
   const unsigned char* pre_buf;  // the preload buffer (dynamic shared memory)
+  const AmkSlot* slots;  // shared memory: the task's buffer slots, resolved before the op starts
+  const float* nw;       // shared memory: the task's fused RMSNorm weight as fp32 (amk_prep_norm), after its area
 };
 
 __host__ __device__ __forceinline__ int amk_pad4(int n) { return (n + 3) & ~3; }
@@ -227,8 +237,20 @@ __device__ __forceinline__ uint4 amk_ld_stream(const void* ptr, uint64_t pol) {
   return r;
 }
 
-// Buffer descriptor fields of a task's slot.
-__device__ __forceinline__ const AmkBufDesc& amk_desc(const AmkCtx& c, int slot) { return c.p->bufs[c.ins->buf[slot]]; }
-__device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)amk_desc(c, slot).ptr; }
-__device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return amk_desc(c, slot).dtype; }
+// A task's slot, from the shared-memory copy (no global round trip once the op runs).
+__device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)c.slots[slot].ptr; }
+__device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return c.slots[slot].dtype; }
+// The first int32 of an IO_INPUT slot (token id, position), read before the task's wait.
+__device__ __forceinline__ int amk_io_scalar(const AmkCtx& c, int slot) { return c.slots[slot].scalar; }
+
+// Lanes 0..n_bufs-1 of one warp, while thread 0 waits: resolve the task's slots into s (descriptors are constant;
+// IO_INPUT buffers are written only between launches, so reading them before the wait is safe).
+__device__ __forceinline__ void amk_prep_slots(const AmkParams& p, const AmkInstr& in, AmkSlot* s, int lane) {
+  if (lane < in.n_bufs && lane < AMK_MAX_BUFS) {
+    const AmkBufDesc d = p.bufs[in.buf[lane]];
+    s[lane].ptr = d.ptr;
+    s[lane].dtype = d.dtype;
+    s[lane].scalar = d.kind == AMK_KIND_IO_INPUT ? __ldcg((const int*)(uintptr_t)d.ptr) : 0;
+  }
+}
 __device__ __forceinline__ bool amk_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }

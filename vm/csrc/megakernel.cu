@@ -6,7 +6,9 @@
 //      ring (stream.cuh), thread 0 also fills free ring stages with upcoming weight rows -- weights never wait on
 //      activations;
 //   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
-//      a %globaltimer budget (TIMEOUT names task + counter);
+//      a %globaltimer budget (TIMEOUT names task + counter); meanwhile the other warps resolve the task's buffer
+//      slots and IO scalars (token, pos) into shared memory and stage its fused RMSNorm weight (amk_prep_*), so
+//      the op starts with one dependent round trip (its input) instead of three;
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
 //   4. __syncthreads, then thread 0 release-increments out_counter. If the task used the preload buffer
 //      (preload.cuh), the next flagged task's whole weight tile is bulk-copied into it from the start of the next
@@ -49,9 +51,14 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
   }
 }
 
+// Bytes of dynamic shared memory a task needs: ring + preload buffer + its op area + its staged norm weight.
+__device__ __forceinline__ int64_t amk_smem_need(const AmkParams& p, const AmkInstr& in) {
+  return (int64_t)(amk_smem_floats(in) + amk_norm_floats(in)) * 4 + AMK_RING_BYTES + p.preload_bytes;
+}
+
 __device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
   const int op = c.ins->op;
-  const int64_t need = (int64_t)amk_smem_floats(*c.ins) * 4 + AMK_RING_BYTES + c.p->preload_bytes;
+  const int64_t need = amk_smem_need(*c.p, *c.ins);
   if (need > (int64_t)c.p->smem_bytes) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, (int)need);
     return;
@@ -83,6 +90,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   __shared__ AmkRing s_ring;
   __shared__ __align__(8) uint64_t s_bars[AMK_STAGES];
   __shared__ AmkPre s_pre;
+  __shared__ AmkSlot s_slots[AMK_MAX_BUFS];
   __shared__ __align__(8) uint64_t s_pre_bar;
   const int sm = (int)blockIdx.x;
   if (sm >= p.n_queues) return;
@@ -96,8 +104,9 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
 #if AMK_PREFETCH_DEPTH > 0
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
 #endif
-  const AmkCtx c{&p, &s_ins, (float*)(pre_buf + p.preload_bytes), s_red, s_part, &s_flag, sm, 0,
-                 &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf};
+  float* op_smem = (float*)(pre_buf + p.preload_bytes);
+  const AmkCtx c{&p, &s_ins, op_smem, s_red, s_part, &s_flag, sm, 0,
+                 &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf, s_slots, nullptr};
   for (int qi = q0; qi < q1; ++qi) {
     const int idx = p.queue_items[qi];
     const int* src = (const int*)(p.instrs + idx);
@@ -117,9 +126,14 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
       s_flag = amk_wait_all(p, s_ins, sm);
       if (p.trace) t_ready = amk_globaltimer();
-    } else if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {  // concurrently with the wait
-      amk_pre_issue(p, s_pre, s_pre.pending);
-      s_pre.pending = -1;
+    } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
+      if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {
+        amk_pre_issue(p, s_pre, s_pre.pending);
+        s_pre.pending = -1;
+      }
+      if (amk_warp() == AMK_NWARPS - 1) amk_prep_slots(p, s_ins, s_slots, amk_lane());
+      if (amk_tid() >= 32 && amk_smem_need(p, s_ins) <= (int64_t)p.smem_bytes)  // else dispatch reports it
+        amk_prep_norm(p, s_ins, op_smem + amk_smem_floats(s_ins), 32);
     }
     __syncthreads();
     if (s_flag) {
@@ -133,6 +147,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     }
     AmkCtx ci = c;
     ci.instr_index = idx;
+    ci.nw = op_smem + amk_smem_floats(s_ins);
     amk_mark(ci, 0);
     amk_dispatch(ci);
     __syncthreads();

@@ -208,7 +208,7 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const int D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM], S = in.ip[AMK_ATTN_DECODE_IP_MAX_SEQ];
   const int window = in.ip[AMK_ATTN_DECODE_IP_WINDOW];
   const float scale = in.fp[AMK_ATTN_DECODE_FP_SCALE];
-  const int pos = __ldcg((const int*)amk_ptr(c, AMK_ATTN_DECODE_IN_POS));
+  const int pos = amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS);
   if (pos < 0 || pos >= S) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
     return;

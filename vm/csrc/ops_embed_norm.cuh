@@ -5,10 +5,43 @@
 #pragma once
 #include "common.cuh"
 
-// xs[0:K] = x[0:K] (coherent loads), then if nw != nullptr: xs = xs * rsqrt(mean(xs^2) + eps) * nw.
-// Ends with a barrier: xs is ready for every thread.                                   x: fp32 [K] global
-__device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const void* nw,
-                                            int nw_dt, float eps) {
+// The fused RMSNorm weight of a task: its slot and length K, or -1 (no norm).
+__device__ __forceinline__ int amk_norm_slot(const AmkInstr& in, int& K) {
+  switch (in.op) {
+    case AMK_OP_RMSNORM: K = in.ip[AMK_RMSNORM_IP_N]; return AMK_RMSNORM_IN_W;
+    case AMK_OP_GEMV: K = in.ip[AMK_GEMV_IP_K]; return in.ip[AMK_GEMV_IP_HAS_NORM] ? AMK_GEMV_N_REQUIRED_IN : -1;
+    case AMK_OP_GEMV_SILU_MUL:
+      K = in.ip[AMK_GEMV_SILU_MUL_IP_K];
+      return in.ip[AMK_GEMV_SILU_MUL_IP_HAS_NORM] ? AMK_GEMV_SILU_MUL_N_REQUIRED_IN : -1;
+    case AMK_OP_QKV_ROPE:
+      K = in.ip[AMK_QKV_ROPE_IP_K];
+      return in.ip[AMK_QKV_ROPE_IP_HAS_NORM] ? AMK_QKV_ROPE_N_REQUIRED_IN : -1;
+    default: K = 0; return -1;
+  }
+}
+
+// Shared-memory floats after the op's own area that hold its norm weight (vm/loader.py: smem_floats).
+__device__ __forceinline__ int amk_norm_floats(const AmkInstr& in) {
+  int K;
+  return amk_norm_slot(in, K) >= 0 ? amk_pad4(K) : 0;
+}
+
+// Threads first..AMK_THREADS-1 while thread 0 waits: the task's norm weight (read-only) into nw_s as fp32, so
+// staging x costs one dependent round trip (x) instead of two (x, then the weight).
+__device__ __forceinline__ void amk_prep_norm(const AmkParams& p, const AmkInstr& in, float* nw_s, int first) {
+  int K;
+  const int s = amk_norm_slot(in, K);
+  if (s < 0) return;
+  const AmkBufDesc& d = p.bufs[in.buf[s]];
+  const void* w = (const void*)(uintptr_t)d.ptr;
+  for (int i = amk_tid() - first; i < K; i += AMK_THREADS - first) nw_s[i] = amk_ldw(w, d.dtype, i);
+}
+
+// xs[0:K] = x[0:K] (coherent loads), then if nw_s != nullptr: xs = xs * rsqrt(mean(xs^2) + eps) * nw_s
+// (nw_s: the norm weight in shared memory, from amk_prep_norm). Ends with a barrier: xs is ready for every thread.
+//                                                                                      x: fp32 [K] global
+__device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
+                                            float eps) {
   float ss = 0.f;
   if ((K & 3) == 0 && amk_aligned16(x)) {
     const float4* x4 = (const float4*)x;
@@ -25,10 +58,10 @@ __device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int
       ss += v * v;
     }
   }
-  if (nw != nullptr) {
+  if (nw_s != nullptr) {
     ss = amk_block_sum(ss, c.red);  // barriers inside: all of xs is written
     const float r = 1.0f / sqrtf(ss / (float)K + eps);
-    for (int i = amk_tid(); i < K; i += AMK_THREADS) xs[i] = (xs[i] * r) * amk_ldw(nw, nw_dt, i);
+    for (int i = amk_tid(); i < K; i += AMK_THREADS) xs[i] = (xs[i] * r) * nw_s[i];
   }
   __syncthreads();
   amk_mark(c, 1);
@@ -38,7 +71,7 @@ __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int c0 = in.ip[AMK_EMBED_IP_COL_START], cn = in.ip[AMK_EMBED_IP_COL_COUNT];
   const int V = in.ip[AMK_EMBED_IP_VOCAB], H = in.ip[AMK_EMBED_IP_HIDDEN];
-  const int tok = __ldcg((const int*)amk_ptr(c, AMK_EMBED_IN_TOKEN));
+  const int tok = amk_io_scalar(c, AMK_EMBED_IN_TOKEN);
   if (tok < 0 || tok >= V) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, tok);
     return;
@@ -57,6 +90,6 @@ __device__ __noinline__ void amk_op_rmsnorm(const AmkCtx& c) {
   const float* x = (const float*)amk_ptr(c, AMK_RMSNORM_IN_X);
   float* y = (float*)amk_ptr(c, AMK_RMSNORM_N_REQUIRED_IN);
   float* xs = c.smem;  // [pad4(n)]
-  amk_stage_x(c, x, n, xs, amk_ptr(c, AMK_RMSNORM_IN_W), amk_dtype(c, AMK_RMSNORM_IN_W), eps);
+  amk_stage_x(c, x, n, xs, c.nw, eps);  // the weight: amk_prep_norm
   for (int i = amk_tid(); i < n; i += AMK_THREADS) y[i] = xs[i];
 }

@@ -278,7 +278,8 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const bool has_norm = in.ip[AMK_GEMV_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_GEMV_IP_HAS_BIAS] != 0,
              has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0;
   int s = AMK_GEMV_N_REQUIRED_IN;
-  const int s_norm = has_norm ? s++ : -1, s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
+  if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
+  const int s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks) | residual rows [pad4(rn)] (has_residual)
   AmkGeom g;
   float* res_s = has_res ? xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0) : nullptr;
@@ -286,8 +287,8 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     const float* res = (const float*)amk_ptr(c, s_res);
     for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
   }
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
-              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? c.nw : nullptr,
+              in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
@@ -314,10 +315,11 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   const int K = in.ip[AMK_GEMV_SILU_MUL_IP_K];
   const bool has_norm = in.ip[AMK_GEMV_SILU_MUL_IP_HAS_NORM] != 0;
   int s = AMK_GEMV_SILU_MUL_N_REQUIRED_IN;
-  const int s_norm = has_norm ? s++ : -1, s_h = s;
+  if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
+  const int s_h = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
-              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs, has_norm ? c.nw : nullptr,
+              in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
   float* h = (float*)amk_ptr(c, s_h);
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);

@@ -55,17 +55,18 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const bool has_norm = in.ip[AMK_QKV_ROPE_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_QKV_ROPE_IP_HAS_BIAS] != 0;
   const bool has_qkn = in.ip[AMK_QKV_ROPE_IP_HAS_QKNORM] != 0;
   int s = AMK_QKV_ROPE_N_REQUIRED_IN;
-  const int s_norm = has_norm ? s++ : -1, s_bias = has_bias ? s++ : -1, s_qkn = has_qkn ? s++ : -1, s_dst = s;
+  if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
+  const int s_bias = has_bias ? s++ : -1, s_qkn = has_qkn ? s++ : -1, s_dst = s;
 
-  const int pos = __ldcg((const int*)amk_ptr(c, AMK_QKV_ROPE_IN_POS));
+  const int pos = amk_io_scalar(c, AMK_QKV_ROPE_IN_POS);
   if (pos < 0 || pos >= S) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
     return;
   }
   float* xs = c.smem;
   float* ys = xs + amk_pad4(K);
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? amk_ptr(c, s_norm) : nullptr,
-              has_norm ? amk_dtype(c, s_norm) : 0, in.fp[AMK_QKV_ROPE_FP_EPS]);
+  amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? c.nw : nullptr,
+              in.fp[AMK_QKV_ROPE_FP_EPS]);
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   const int row0 = h0 * hd;
