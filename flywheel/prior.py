@@ -54,6 +54,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="output rows per fused gate/up (SiLU*up) task"),
     Knob("lm_head_rows", int, 128, choices=(16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task"),
+    Knob("balance_tiles", bool, False, choices=(False, True),
+         doc="round the tile counts of o_proj, down, gate/up and the LM head up to a multiple of the SM count "
+             "(tile sizes then differ by at most one row): no SM idles in the last wave of a phase"),
     Knob("qkv_heads", int, 1, choices=(1, 2, 4, 8),
          doc="query heads per QKV task (a task never straddles a KV group); K and V are one head per task"),
     Knob("qkv_head_split", int, 2, choices=(1, 2, 4, 8),

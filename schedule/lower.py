@@ -36,8 +36,9 @@ TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used
 
 
 class _Builder:
-    def __init__(self, dtype: DType):
+    def __init__(self, dtype: DType, balance_sms: int = 0):
         self.dtype = dtype
+        self.balance_sms = balance_sms   # > 0: GEMV-family row tiles come in multiples of this many (balance_tiles)
         self.buffers: list[Buffer] = []
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
@@ -81,8 +82,21 @@ def _tiles(n: int, size: int):
         yield s, min(size, n - s)
 
 
+def _row_tiles(b: _Builder, n: int, rows: int):
+    """Row tiles of a GEMV-family matrix with n output rows: ``rows`` each, or with balance_tiles the tile count
+    rounded up to a multiple of the SM count (every SM gets the same number of tiles; sizes differ by <= 1 row)."""
+    if b.balance_sms <= 0:
+        yield from _tiles(n, rows)
+        return
+    k = -(-n // rows)
+    k = min(n, -(-k // b.balance_sms) * b.balance_sms)
+    for i in range(k):
+        lo, hi = n * i // k, n * (i + 1) // k
+        yield lo, hi - lo
+
+
 def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None):
-    for r0, rn in _tiles(n, rows):
+    for r0, rn in _row_tiles(b, n, rows):
         ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
         b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
                                   "has_norm": int(norm_w is not None), "has_bias": 0,
@@ -171,7 +185,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     if cfg.mlp_prefetch_kb:   # the gate/up tiles' heads into L2 while the latency-bound attention hops run
         trigger = {"layer": cin, "qkv": c_qkv, "attn": c_attn}[cfg.mlp_prefetch_at]
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
-        for r0, rn in _tiles(c.intermediate, cfg.mlp_rows):
+        for r0, rn in _row_tiles(b, c.intermediate, cfg.mlp_rows):
             n = min(rn * H, per_matrix)
             b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
                                                  "count_b": n}, [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
@@ -180,7 +194,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     _residual_gemv(b, cfg, attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid, f"L{l}.o_proj")
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
-    for r0, rn in _tiles(c.intermediate, cfg.mlp_rows):
+    for r0, rn in _row_tiles(b, c.intermediate, cfg.mlp_rows):
         b.task("GEMV_SILU_MUL", [xin2, wg, wu] + ([nw2] if nw2 is not None else []), [h],
                {"row_start": r0, "row_count": rn, "k": H, "n": c.intermediate, "has_norm": int(nw2 is not None),
                 "eps": c.rms_eps}, [cin2], c_h, f"L{l}.gate_up[{r0}:{r0 + rn}]")
@@ -233,7 +247,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
-    b = _Builder(DType(graph.dtype))
+    n_sms = cfg.sms_for(target)
+    b = _Builder(DType(graph.dtype), n_sms if cfg.balance_tiles else 0)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
           "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
@@ -249,7 +264,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     c_log = b.counter("logits")
-    for r0, rn in _tiles(c.vocab, cfg.lm_head_rows):
+    for r0, rn in _row_tiles(b, c.vocab, cfg.lm_head_rows):
         ins = [xin, lm] + ([nw] if nw is not None else [])
         b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
                                              "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,
@@ -261,7 +276,6 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
     for t in b.tasks:
         t.est_bytes, t.est_flops = estimate(t, numel, isz)
-    n_sms = cfg.sms_for(target)
     queues = _assign(b.tasks, n_sms, cfg.sm_assignment, target.hbm_gbps * 1e9 / n_sms)
     cfg_d = cfg.to_dict()
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes

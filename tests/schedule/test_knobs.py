@@ -145,6 +145,17 @@ def _check_mlp_prefetch_at(p, v):
     assert all(p.counters[t.waits[0].counter].name.startswith(prefix) for t in _prefetch_tasks(p))
 
 
+def _check_balance_tiles(p, v):
+    assert v is True
+    for op, lab, n in (("GEMV", ".o_proj[", C.hidden), ("GEMV", ".down[", C.hidden),
+                       ("GEMV_SILU_MUL", ".gate_up[", C.intermediate), ("GEMV", "lm_head[", C.vocab)):
+        tasks = [t for t in p.tasks if t.op == op and lab in t.label]
+        per_matrix = len(tasks) // (C.n_layers if lab != "lm_head[" else 1)
+        assert per_matrix % H100.sm_count == 0 or per_matrix == n   # whole waves (or one row per tile)
+        sizes = [t.params["row_count"] for t in tasks]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == n * (len(tasks) // per_matrix)
+
+
 # knobs that act only together with another one: both sides of the comparison carry these values
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}}
 
@@ -152,7 +163,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
-              "mlp_prefetch_at": _check_mlp_prefetch_at}
+              "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles}
 
 
 def test_every_knob_has_an_alternative_value():
