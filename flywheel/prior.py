@@ -1,9 +1,9 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8, prefetch_depth 0,
-qkv_head_split 2, wait_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/128 run llama-3.2-1b bf16 at ctx 512 in
-~1500 us, vs 1584 us before the last three and 2254 us for the first defaults (attn_splits 1, prefetch_depth 2,
-rows 16/32/64).
+qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/512 run llama-3.2-1b bf16
+at ctx 512 in ~1410 us in an interleaved A/B (1446 us with the earlier lm_head_rows 128 and no MLP prefetch), vs
+2254 us for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
 derived from ``KNOBS``. Every knob changes the lowered program, the kernel build or a launch parameter; tests/schedule/test_knobs.py
@@ -52,7 +52,7 @@ KNOBS: tuple[Knob, ...] = (
          doc="output rows per GEMV task for o_proj and down_proj (smaller = more, finer tasks)"),
     Knob("mlp_rows", int, 64, choices=(4, 8, 16, 32, 64, 128),
          doc="output rows per fused gate/up (SiLU*up) task"),
-    Knob("lm_head_rows", int, 128, choices=(16, 32, 64, 128, 256, 512),
+    Knob("lm_head_rows", int, 512, choices=(16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task"),
     Knob("balance_tiles", bool, False, choices=(False, True),
          doc="round the tile counts of o_proj, down, gate/up and the LM head up to a multiple of the SM count "
@@ -82,7 +82,7 @@ KNOBS: tuple[Knob, ...] = (
          doc="KB of shared memory for the whole-tile weight preload (sm_90+, 0 = off; > 0 also selects the kernel "
              "build with the preload path): GEMV-family tasks whose tile fits are bulk-copied into it before they "
              "wait, while the block runs the tasks in between"),
-    Knob("mlp_prefetch_kb", int, 0, choices=(0, 64, 128, 192, 256, 384, 512),
+    Knob("mlp_prefetch_kb", int, 64, choices=(0, 64, 128, 192, 256, 384, 512),
          doc="KB of each gate/up tile asked into L2 by an L2_PREFETCH task while the attention hops leave HBM "
              "mostly idle (half from the gate rows, half from the up rows; 0 = no prefetch tasks)"),
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),

@@ -124,17 +124,20 @@ def _prefetch_tasks(p):
 
 
 def _check_mlp_prefetch_kb(p, v):
-    assert not _prefetch_tasks(BASE)
     tasks = _prefetch_tasks(p)
-    assert len(tasks) == C.n_layers * _tiles(C.intermediate, KNOB_BY_NAME["mlp_rows"].default)
-    per_matrix = v * 1024 // 2 // 4   # elements of each of gate and up (toy weights are f32)
-    tile = KNOB_BY_NAME["mlp_rows"].default * C.hidden
+    gate_up = [t for t in p.tasks if t.op == "GEMV_SILU_MUL"]
+    if v == 0:   # off: no prefetch tasks at all
+        assert not tasks and gate_up
+        return
+    assert len(tasks) == len(gate_up)   # one per gate/up tile
+    K = p.meta["hidden"]
+    per_matrix = v * 1024 // 2 // p.buffers[gate_up[0].inputs[1]].dtype.nbytes   # elements of each of gate and up
+    heads = {(g.label.split(".")[0], g.params["row_start"] * K): g for g in gate_up}
     for t in tasks:   # the head of one gate/up tile, in both matrices, capped at the tile
-        gate_up = next(g for g in p.tasks if g.op == "GEMV_SILU_MUL" and g.label.split(".")[0] == t.label.split(".")[0]
-                       and g.params["row_start"] * C.hidden == t.params["start_a"])
-        assert t.params["count_a"] == t.params["count_b"] == min(per_matrix, gate_up.params["row_count"] * C.hidden)
-        assert t.inputs == gate_up.inputs[1:3] and t.outputs == [] and t.out_counter == -1
-        assert t.params["count_a"] <= tile
+        g = heads[(t.label.split(".")[0], t.params["start_a"])]
+        assert t.params["start_b"] == t.params["start_a"]
+        assert t.params["count_a"] == t.params["count_b"] == min(per_matrix, g.params["row_count"] * K)
+        assert t.inputs == g.inputs[1:3] and t.outputs == [] and t.out_counter == -1
 
 
 def _check_mlp_prefetch_at(p, v):
@@ -158,6 +161,8 @@ def _check_balance_tiles(p, v):
 
 # knobs that act only together with another one: both sides of the comparison carry these values
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}}
+# knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
+WIDE = {"mlp_prefetch_kb": load_model("llama-3.2-1b", dtype="bf16", device="meta")}
 
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
@@ -180,8 +185,11 @@ def test_every_program_knob_has_a_structural_check():
                          ids=[f"{k.name}={v}" for k, v in CASES if k.affects == "program"])
 def test_program_knob_changes_the_program(knob, value):
     req = REQUIRES.get(knob.name, {})
-    prog = _lower(**req, **{knob.name: value})
-    assert _structure(prog) != _structure(_lower(**req)), f"{knob.name}={value!r} left the program unchanged"
+    graph = WIDE.get(knob.name, TOY)
+    lo = lambda **ch: lower(graph, H100, {**defaults(), **req, **ch}, max_seq=64)  # noqa: E731
+    prog = lo(**{knob.name: value}) if graph is not TOY else _lower(**req, **{knob.name: value})
+    base = lo() if graph is not TOY else _lower(**req)
+    assert _structure(prog) != _structure(base), f"{knob.name}={value!r} left the program unchanged"
     STRUCTURAL[knob.name](prog, value)
 
 
