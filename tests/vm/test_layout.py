@@ -10,6 +10,9 @@ import subprocess
 import numpy as np
 import pytest
 
+from schedule.graph import load_model
+from schedule.ir import get_target
+from schedule.lower import lower
 from vm import abi
 from vm.loader import (AbiMismatchError, arch_has_bulk_copy, check_layout, pack_instructions, pack_queues,
                        preload_buffer_bytes, smem_floats)
@@ -162,3 +165,36 @@ def test_vm_refuses_invalid_program():
     next(t for t in prog.tasks if t.waits).waits[0].threshold += 1
     with pytest.raises(MegakernelError, match=r"rejected by validate"):
         MegakernelVM(prog, g.weights)
+
+
+def test_builds_are_per_dtype_set():
+    from vm import jit
+    assert jit.dtype_mask(["bf16", "i32", "bf16"]) == 1 << abi.DTYPE_CODES["bf16"]
+    assert jit.dtype_mask(["f32", "f16"]) == (1 << abi.DTYPE_CODES["f32"]) | (1 << abi.DTYPE_CODES["f16"])
+    assert "-DAMK_DTYPES=2" in jit.spec_for(arch="sm_90a", dtypes=2).cuda_cflags()
+    assert f"-DAMK_DTYPES={jit.ALL_DTYPES}" in jit.spec_for(arch="sm_90a").cuda_cflags()
+    assert jit.spec_for(arch="sm_90a", dtypes=2).digest() != jit.spec_for(arch="sm_90a").digest()
+    with pytest.raises(jit.BuildError, match="dtypes mask"):
+        jit.BuildSpec(arch="sm_90a", tma=False, dtypes=8)
+
+
+def test_l2_prefetch_instructions_carry_their_ranges():
+    g = load_model("llama-3.2-1b", dtype="bf16", device="meta")
+    prog = lower(g, get_target("h100"), {"mlp_prefetch_kb": 128}, max_seq=64)
+    base = 1 << 20
+    ptr = lambda bid: base * (bid + 1)  # noqa: E731
+    instrs = pack_instructions(prog, ptr)
+    K = prog.meta["hidden"]
+    n = 0
+    for i, t in enumerate(prog.tasks):
+        if t.op != "L2_PREFETCH":
+            continue
+        n += 1
+        r = instrs[i]
+        assert r["op"] == abi.OPCODES["L2_PREFETCH"].code and r["out_counter"] == -1
+        # 64 KB of the gate rows and 64 KB of the up rows, both starting at the tile's first row
+        assert list(r["prefetch_bytes"]) == [65536, 65536]
+        assert int(r["prefetch_ptr"][0]) == ptr(t.inputs[0]) + t.params["start_a"] * 2
+        assert int(r["prefetch_ptr"][1]) == ptr(t.inputs[1]) + t.params["start_b"] * 2
+        assert t.params["start_a"] % K == 0
+    assert n == 16 * (8192 // 64)

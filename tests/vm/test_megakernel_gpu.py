@@ -219,6 +219,35 @@ def test_bad_token_and_position_are_reported():
     assert rel_err(vm.step(1, 0), ref.step(1, 0)) <= 1e-5
 
 
+def test_build_without_the_programs_dtype_reports_it_then_valid_launch(monkeypatch):
+    from vm import jit
+    g, prog, vm = make("llama-untied", "f32", "default")
+    assert vm.build_info["dtypes"] == 1 << abi.DTYPE_CODES["f32"]   # built for the program's type only
+    monkeypatch.setattr(jit, "dtype_mask", lambda names: 1 << abi.DTYPE_CODES["bf16"])
+    from vm.loader import MegakernelVM
+    wrong = MegakernelVM(prog, g.weights)
+    with pytest.raises(RuntimeError, match=r"no code for element type f32"):
+        wrong.step(5, 0)
+    ref = ReferenceVM(prog, g.weights)
+    assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5
+
+
+@pytest.mark.parametrize("at", ["layer", "qkv", "attn"])
+def test_l2_prefetch_tasks_leave_results_bit_identical(at):
+    from vm.loader import MegakernelVM
+    g = graph("wide", "bf16")
+    outs = []
+    for kb in (0, 512, 64):
+        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "mlp_prefetch_kb": kb, "mlp_prefetch_at": at},
+                     max_seq=48)
+        assert (kb > 0) == any(t.op == "L2_PREFETCH" for t in prog.tasks)
+        vm = MegakernelVM(prog, g.weights)
+        outs.append(torch.stack([vm.step(3 + i, i).clone() for i in range(3)]))
+    ref = ReferenceVM(prog, g.weights)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert rel_err(outs[2][-1], torch.stack([ref.step(3 + i, i).clone() for i in range(3)])[-1]) <= 2e-3
+
+
 def test_layout_drift_refuses_launch(monkeypatch):
     from vm import loader
     real = abi.layout_table()
