@@ -11,7 +11,6 @@ stage_bytes / nvcc build keys). Prints a table last (median, min, max, ratio to 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -28,17 +27,12 @@ from eval.roofline import roofline  # noqa: E402
 from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
 from schedule.lower import lower  # noqa: E402
-from scripts.trace_breakdown import parse_variant, set_build_env  # noqa: E402
+from scripts.trace_breakdown import parse_variant, set_build_env, variant_parser  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--iters", type=int, default=30)
+    ap = variant_parser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--variants", nargs="+", default=["default={}"])
     a = ap.parse_args()
     from vm.loader import MegakernelVM
     target = get_target("auto")

@@ -129,13 +129,19 @@ def set_build_env(build: dict) -> None:
             os.environ[env] = str(build[k]) if k == "nvcc" else str(int(build[k]))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def variant_parser(doc: str | None = None) -> argparse.ArgumentParser:
+    """The arguments every variant script takes: model, --ctx, --dtype, --iters, --variants NAME=JSON ..."""
+    ap = argparse.ArgumentParser(description=doc)
     ap.add_argument("model")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--variants", nargs="+", default=["default={}"])
+    return ap
+
+
+def main():
+    ap = variant_parser()
     ap.add_argument("--marks", action="store_true",
                     help="build with -DAMK_MARKS=1: per-task segments (op entry, input staged, main loop, barrier); "
                          "the marks themselves add ~2%% to the measured latency")
