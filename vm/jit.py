@@ -77,6 +77,8 @@ class BuildSpec:
     extra_cuda_cflags: tuple[str, ...] = ()
     preload: bool = False         # whole-tile weight preload path (sm_90+, vm/csrc/preload.cuh)
     dtypes: int = ALL_DTYPES      # element types compiled in: bit (1 << DTYPE_CODES[name]) per weight / cache type
+    attn_stages: int = 2          # attention KV tiles in flight (cp.async into shared memory, ops_attention.cuh)
+    attn_stage_bytes: int = 32768  # bytes per attention stage (K + V rows of one tile)
 
 
     def __post_init__(self):
@@ -90,6 +92,10 @@ class BuildSpec:
             raise BuildError(f"dtypes mask {self.dtypes}: a non-empty subset of {ALL_DTYPES} (f32, bf16, f16 bits)")
         if not (1 <= self.stages <= 16 and self.stage_bytes % 128 == 0 and 4096 <= self.stage_bytes <= 65536):
             raise BuildError(f"ring geometry {self.stages} x {self.stage_bytes} B out of range")
+        if not (1 <= self.attn_stages <= 4 and self.attn_stage_bytes % 16 == 0
+                and 4096 <= self.attn_stage_bytes <= 65536):
+            raise BuildError(f"attention stages {self.attn_stages} x {self.attn_stage_bytes} B: 1..4 stages of "
+                             f"4096..65536 B (a multiple of 16)")
 
     @property
     def sources(self) -> list[str]:
@@ -99,7 +105,9 @@ class BuildSpec:
         return [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
                 f"-DAMK_PREFETCH_DEPTH={self.prefetch_depth}", f"-DAMK_TMA={int(self.tma)}",
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
-                f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}", *self.extra_cuda_cflags]
+                f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
+                f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
+                *self.extra_cuda_cflags]
 
     def cflags(self) -> list[str]:
         return [self.opt]
@@ -132,7 +140,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
     streaming path measured faster (docs in vm/csrc/stream.cuh). ``dtypes``: the weight / KV-cache element types to
     compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
-    llama-3.2-1b (docs/PERF.md, fourth session)."""
+    llama-3.2-1b (docs/PERF.md, fourth session). The attention KV pipeline defaults from AMK_ATTN_STAGES and
+    AMK_ATTN_STAGE_BYTES (2 x 32 KB)."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -142,7 +151,9 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     extra = tuple(os.environ.get("AMK_NVCC_FLAGS", "").split())
     preload = bool(preload) and arch_major(arch) >= 9 and not tma   # the preload and the ring exclude each other
     return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra,
-                     preload=preload, dtypes=int(dtypes) or ALL_DTYPES)
+                     preload=preload, dtypes=int(dtypes) or ALL_DTYPES,
+                     attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
+                     attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)))
 
 
 def dtype_mask(names) -> int:

@@ -34,6 +34,7 @@ from vm import abi
 KIND_CODES = {k: abi.KIND_CODES[k.value] for k in BufferKind}
 STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
+ATTN_STAGES, ATTN_STAGE_BYTES = 2, 32768   # default attention KV stages (jit.BuildSpec.attn_stages / _bytes)
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
 STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
 DTYPE_DETAILS = {-200 - code: name for name, code in abi.DTYPE_CODES.items()}   # AMK_DTYPE_DETAIL - dtype (common.cuh)
@@ -126,14 +127,29 @@ def norm_floats(task) -> int:
     return 0
 
 
-def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0) -> int:
+def attn_keys(head_dim: int, elem_bytes: int, stage_bytes: int = ATTN_STAGE_BYTES) -> int:
+    """Keys per attention tile: K and V rows of the tile fill one stage (mirror of amk_attn_keys; 0 = one key's
+    rows do not fit a stage)."""
+    return min(ATTN_TILE, stage_bytes // (2 * max(1, head_dim) * elem_bytes))
+
+
+def attn_floats(G: int, D: int, threads: int, stages: int = ATTN_STAGES, stage_bytes: int = ATTN_STAGE_BYTES) -> int:
+    """Shared memory (floats) of an attention task: q | o | scores | P.V partials | (m, l, alpha) | KV stages
+    (mirror of amk_attn_smem in vm/csrc/ops_attention.cuh)."""
+    rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
+    return (2 * _pad4(G * D) + _pad4(G * attn_keys(D, 2, stage_bytes)) + _pad4(rg * gb * D) + _pad4(3 * G)
+            + stages * stage_bytes // 4)
+
+
+def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0,
+                attn: tuple[int, int] = (ATTN_STAGES, ATTN_STAGE_BYTES)) -> int:
     """Dynamic shared memory (floats) of a task: its op area (mirror of amk_smem_floats in
     vm/csrc/megakernel.cu) plus its staged norm weight (norm_floats). weight_bytes / stage_bytes: the weight dtype
-    size and ring stage size (0 = no ring) for the stash term."""
-    return _op_floats(task, threads, weight_bytes, stage_bytes) + norm_floats(task)
+    size and ring stage size (0 = no ring) for the stash term; attn: the build's attention (stages, stage bytes)."""
+    return _op_floats(task, threads, weight_bytes, stage_bytes, attn) + norm_floats(task)
 
 
-def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int:
+def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tuple[int, int]) -> int:
     p = task.params
     stash = stash_floats(task, threads, weight_bytes, stage_bytes)
     if task.op == "RMSNORM":
@@ -145,9 +161,7 @@ def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int:
     if task.op == "QKV_ROPE":
         return _pad4(int(p["k"])) + _pad4(int(p["head_count"]) * int(p["head_dim"])) + stash
     if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        G, D = int(p["group"]), int(p["head_dim"])
-        rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
-        return 2 * _pad4(G * D) + G * ATTN_TILE + _pad4(rg * gb * D) + _pad4(3 * G)
+        return attn_floats(int(p["group"]), int(p["head_dim"]), threads, *attn)
     return 0
 
 
@@ -332,7 +346,15 @@ class MegakernelVM:
                                 if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
         spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes)
         wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
-        need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0) * 4, t)
+        attn = (spec.attn_stages, spec.attn_stage_bytes)
+        for t in program.tasks:   # one key's K and V rows must fit an attention stage
+            if t.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+                eb = device_dtype(program.buffers[t.inputs[1]]).nbytes
+                if attn_keys(int(t.params["head_dim"]), eb, spec.attn_stage_bytes) < 1:
+                    raise MegakernelError(f"task {t.id} ({t.op}): one key's K and V rows ({2 * int(t.params['head_dim']) * eb} "
+                                          f"B) do not fit an attention stage of {spec.attn_stage_bytes} B "
+                                          f"(AMK_ATTN_STAGE_BYTES)")
+        need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4, t)
                 for t in program.tasks]
         op_smem = max([16] + [n for n, _ in need])
         optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
@@ -347,17 +369,18 @@ class MegakernelVM:
                     spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
                                         stages=max(2, min(fit, spec.stages)), preload=want > 0, dtypes=dtypes)
                     if not spec.tma:   # no ring after all: op area without stash terms
-                        op_smem = max([16] + [smem_floats(t, self.threads) * 4 for t in program.tasks])
+                        op_smem = max([16] + [smem_floats(t, self.threads, attn=attn) * 4 for t in program.tasks])
             self.ext = jit.build(spec)
         self.spec = spec
         self.build_stats = dict(jit.LAST_BUILD)
         check_layout(self.ext.layout(), abi.layout_table())
         info = self.ext.build_info()
         self.build_info = info
-        if (info["threads"], info["prefetch_depth"], info["status_len"]) != (self.threads, self.prefetch_depth,
-                                                                             STATUS_LEN):
+        if (info["threads"], info["prefetch_depth"], info["status_len"], info.get("attn_stages"),
+                info.get("attn_stage_bytes")) != (self.threads, self.prefetch_depth, STATUS_LEN, *attn):
             raise MegakernelError(f"extension build info {info} does not match threads={self.threads}, "
-                                  f"prefetch_depth={self.prefetch_depth}, status_len={STATUS_LEN}")
+                                  f"prefetch_depth={self.prefetch_depth}, status_len={STATUS_LEN}, "
+                                  f"attention stages {attn}")
         self.ring_bytes = int(info.get("ring_bytes", 0))
         self._alloc(weights)
         # -- the preload buffer: what the knob asks for, within what is left next to ring and op area -----------

@@ -97,8 +97,8 @@ pybind11::dict layout() {
 }
 
 pybind11::dict build_info() {
-  int v[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  amk_build_info(v, 10);
+  int v[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  amk_build_info(v, 12);
   pybind11::dict d;
   d["threads"] = v[0];
   d["prefetch_depth"] = v[1];
@@ -111,6 +111,8 @@ pybind11::dict build_info() {
   d["ring_bytes"] = v[7] ? v[5] * v[6] : 0;
   d["preload"] = v[8];
   d["dtypes"] = v[9];
+  d["attn_stages"] = v[10];
+  d["attn_stage_bytes"] = v[11];
   d["trace_words"] = AMK_TRACE_WORDS;
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;

@@ -34,7 +34,19 @@ static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_
 static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a non-empty mask of F32/BF16/F16");
 
 #define AMK_NWARPS (AMK_THREADS / 32)
-#define AMK_ATTN_TILE 256   // keys per attention tile (scores staged in smem)
+#define AMK_ATTN_TILE 256   // max keys per attention tile (scores staged in smem)
+// The attention op copies each tile's K and V rows into shared memory with cp.async (AMK_ATTN_STAGES buffers of
+// AMK_ATTN_STAGE_BYTES, K then V), issuing tile t+STAGES-1 before computing tile t: every KV byte of a tile is in
+// flight at once. vm/jit.py sets both (BuildSpec.attn_stages / attn_stage_bytes) and vm/loader.py mirrors the area.
+#ifndef AMK_ATTN_STAGES
+#define AMK_ATTN_STAGES 2
+#endif
+#ifndef AMK_ATTN_STAGE_BYTES
+#define AMK_ATTN_STAGE_BYTES 32768
+#endif
+static_assert(AMK_ATTN_STAGES >= 1 && AMK_ATTN_STAGES <= 4, "AMK_ATTN_STAGES: 1..4");
+static_assert(AMK_ATTN_STAGE_BYTES % 16 == 0 && AMK_ATTN_STAGE_BYTES >= 4096 && AMK_ATTN_STAGE_BYTES <= 65536,
+              "AMK_ATTN_STAGE_BYTES: 4096..65536, x16");
 // q heads per register block in attention. 4 covers the GQA groups of the presets (2-4) in one pass; 8 made the
 // op's code ~2x larger and each attention task ~2.6 us slower on an H100 (docs/PERF.md, third session).
 #ifndef AMK_ATTN_GB
@@ -50,6 +62,16 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 #ifndef AMK_U2
 #define AMK_U2 AMK_CLAMP(2048 / AMK_THREADS, 1, 16)
 #endif
+
+// The kernel's dynamic shared memory: [weight ring | preload buffer | op area] (megakernel.cu).
+extern __shared__ __align__(128) unsigned char amk_dyn_smem[];
+// p (a generic pointer into the dynamic shared memory, e.g. AmkCtx.smem) re-derived from the shared array: the
+// compiler then knows the address space and emits 32-bit shared loads (LDS) instead of generic 64-bit ones (LD
+// with address arithmetic: ~2.5x the instructions in the attention op's P.V loop, ncu, fifth session).
+template <class P>
+__device__ __forceinline__ P* amk_in_smem(P* p) {
+  return (P*)(amk_dyn_smem + ((const unsigned char*)p - amk_dyn_smem));
+}
 
 struct AmkRing;  // stream.cuh
 struct AmkPre;   // preload.cuh
@@ -151,7 +173,8 @@ __device__ __forceinline__ float amk_block_sum(float v, float* red) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Element types. T::VE = elements per 16-byte chunk; unpack() turns a chunk into VE floats.
+// Element types. T::VE = elements per 16-byte chunk; unpack() turns a chunk into VE floats; ro() is a read-only
+// global element (__ldg); ld() / ld2() are plain loads (shared memory) of element i / elements i, i+1 (i even).
 // ---------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float amk_bf16_bits(uint32_t b16) { return __uint_as_float(b16 << 16); }
 __device__ __forceinline__ float amk_f16_bits(uint32_t b16) {
@@ -160,9 +183,6 @@ __device__ __forceinline__ float amk_f16_bits(uint32_t b16) {
 __device__ __forceinline__ unsigned short amk_ld_u16_ro(const void* p, int64_t i) {
   return __ldg((const unsigned short*)p + i);
 }
-__device__ __forceinline__ unsigned short amk_ld_u16_cg(const void* p, int64_t i) {
-  return __ldcg((const unsigned short*)p + i);
-}
 
 struct AmkF32 {
   static constexpr int VE = 4, BYTES = 4;
@@ -170,10 +190,8 @@ struct AmkF32 {
     f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
   }
   __device__ static __forceinline__ float ro(const void* p, int64_t i) { return __ldg((const float*)p + i); }
-  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return __ldcg((const float*)p + i); }
-  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {  // i even, 8-byte aligned
-    return __ldcg((const float2*)((const float*)p + i));
-  }
+  __device__ static __forceinline__ float ld(const void* p, int i) { return ((const float*)p)[i]; }
+  __device__ static __forceinline__ float2 ld2(const void* p, int i) { return *(const float2*)((const float*)p + i); }
 };
 struct AmkBF16 {
   static constexpr int VE = 8, BYTES = 2;
@@ -186,9 +204,9 @@ struct AmkBF16 {
     }
   }
   __device__ static __forceinline__ float ro(const void* p, int64_t i) { return amk_bf16_bits(amk_ld_u16_ro(p, i)); }
-  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return amk_bf16_bits(amk_ld_u16_cg(p, i)); }
-  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {
-    const uint32_t w = __ldcg((const unsigned int*)((const unsigned short*)p + i));
+  __device__ static __forceinline__ float ld(const void* p, int i) { return amk_bf16_bits(((const unsigned short*)p)[i]); }
+  __device__ static __forceinline__ float2 ld2(const void* p, int i) {
+    const uint32_t w = *(const uint32_t*)((const unsigned short*)p + i);
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
   }
 };
@@ -200,9 +218,9 @@ struct AmkF16 {
     for (int i = 0; i < 4; ++i) { f[2 * i] = amk_f16_bits(w[i] & 0xffffu); f[2 * i + 1] = amk_f16_bits(w[i] >> 16); }
   }
   __device__ static __forceinline__ float ro(const void* p, int64_t i) { return amk_f16_bits(amk_ld_u16_ro(p, i)); }
-  __device__ static __forceinline__ float cg(const void* p, int64_t i) { return amk_f16_bits(amk_ld_u16_cg(p, i)); }
-  __device__ static __forceinline__ float2 cg2(const void* p, int64_t i) {
-    const uint32_t w = __ldcg((const unsigned int*)((const unsigned short*)p + i));
+  __device__ static __forceinline__ float ld(const void* p, int i) { return amk_f16_bits(((const unsigned short*)p)[i]); }
+  __device__ static __forceinline__ float2 ld2(const void* p, int i) {
+    const uint32_t w = *(const uint32_t*)((const unsigned short*)p + i);
     return make_float2(amk_f16_bits(w & 0xffffu), amk_f16_bits(w >> 16));
   }
 };

@@ -42,11 +42,8 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
       return amk_pad4(in.ip[AMK_QKV_ROPE_IP_K]) +
              amk_pad4(in.ip[AMK_QKV_ROPE_IP_HEAD_COUNT] * in.ip[AMK_QKV_ROPE_IP_HEAD_DIM]) + stash;
     case AMK_OP_ATTN_DECODE:
-    case AMK_OP_ATTN_PARTIAL: {
-      const int G = in.ip[AMK_ATTN_DECODE_IP_GROUP], D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM];
-      const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
-      return 2 * amk_pad4(G * D) + G * AMK_ATTN_TILE + amk_pad4(amk_attn_rg(D) * GBm * D) + amk_pad4(3 * G);
-    }
+    case AMK_OP_ATTN_PARTIAL:
+      return amk_attn_smem(in.ip[AMK_ATTN_DECODE_IP_GROUP], in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM]).total;
     default: return 0;
   }
 }
@@ -82,7 +79,6 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
 }
 
 extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
-  extern __shared__ __align__(128) unsigned char amk_dyn_smem[];  // [ring | preload buffer | op area]
   __shared__ AmkInstr s_ins;
   __shared__ float s_red[64];
   __shared__ float s_part[64];
@@ -229,10 +225,11 @@ extern "C" int amk_layout(const char** structs, const char** fields, long long* 
 extern "C" int amk_build_info(int* out, int n) {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  const int v[10] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
-                     AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD, AMK_DTYPES};
-  for (int i = 0; i < n && i < 10; ++i) out[i] = v[i];
-  return 10;
+  const int v[12] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+                     AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD, AMK_DTYPES,
+                     AMK_ATTN_STAGES, AMK_ATTN_STAGE_BYTES};
+  for (int i = 0; i < n && i < 12; ++i) out[i] = v[i];
+  return 12;
 }
 
 extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

@@ -2,202 +2,318 @@
 //   ATTN_DECODE:  out[(kvh*G+g)*hd + d] = softmax(q.K^T * scale) V       (positions [lo, pos], lo from the window)
 //   ATTN_PARTIAL: partial row (m, l, o[hd]) of split `split` of n_splits (unnormalised; empty split: -inf, 0, 0)
 //   ATTN_MERGE:   out = sum_s o_s e^(m_s-m) / sum_s l_s e^(m_s-m), m = max_s m_s
-// KV cache: [n_kv, max_seq, hd] in the cache dtype, read with coherent loads (rows at pos are written this launch).
+// KV cache: [n_kv, max_seq, hd] in the cache dtype. Rows at pos are written this launch, so they are read through L2
+// only (cp.async.cg / ld.global.cg), never the non-coherent path.
 //
-// Tiles of AMK_ATTN_TILE keys: (1) scores, 8 lanes per key (16-byte chunks of the K row), q in smem;
-// (2) per head, online-softmax update of (m, l) and p = e^(s-m) in place; (3) P.V with threads over
-// (key row-group, dim pair), partials summed over row groups in fixed order and folded into o with alpha.
-// smem: q_s[pad4(G*hd)] | o_s[pad4(G*hd)] | sc[G*TILE] | red[pad4(RG*GB*hd)] | st[pad4(3*G)] (m, l, alpha)
+// Tiles of KT keys (amk_attn_keys: K + V rows of a tile fill one AMK_ATTN_STAGE_BYTES stage). The K and V rows of
+// a tile are contiguous in the cache, so each tile is two flat copies into a stage buffer with 16-byte cp.async, all
+// in flight at once; tile t + STAGES - 1 is issued before tile t is computed, and the first tiles before q is read.
+// Per tile, from shared memory: (1) scores, 8 lanes per key (16-byte chunks of the K row); (2) per head, online-
+// softmax update of (m, l) and p = e^(s-m) in place; (3) P.V with threads over (key row group, dim pair), partials
+// summed over row groups in fixed order and folded into o with alpha. Rows that are not 16-byte aligned (odd head
+// dims in fp32/f16 tests) are copied by plain coherent loads instead; the math is the same.
+// smem (floats): q_s[pad4(G*hd)] | o_s[pad4(G*hd)] | sc[pad4(G*KTmax)] | red[pad4(RG*GB*hd)] | st[pad4(3*G)] (m, l,
+// alpha) | AMK_ATTN_STAGES stages of AMK_ATTN_STAGE_BYTES (K rows, then V rows at KT*hd elements)
 #pragma once
 #include "common.cuh"
+// Profiling switches (wrong results; scripts/trace_breakdown.py variants only): skip the KV copies, skip the
+// tile math, or skip phases of it (bits: 1 scores, 2 softmax, 4 P.V, 8 o update).
+#ifndef AMK_DBG_NOLOAD
+#define AMK_DBG_NOLOAD 0
+#endif
+#ifndef AMK_DBG_SKIP
+#define AMK_DBG_SKIP 0
+#endif
+#ifndef AMK_DBG_NOCOMPUTE
+#define AMK_DBG_NOCOMPUTE 0
+#endif
 
 // Row groups of the P.V pass; must match vm/loader.py's smem formula.
 __host__ __device__ __forceinline__ int amk_attn_rg(int hd) {
   const int r = AMK_THREADS / (hd / 2 > 0 ? hd / 2 : 1);
   return r < 1 ? 1 : (r > AMK_ATTN_RGMAX ? AMK_ATTN_RGMAX : r);
 }
+// Keys per tile for elements of `bytes` bytes: K and V rows of the tile fill one stage (0: one key does not fit).
+// A multiple of 4 (P.V reads 4 probabilities at once) unless fewer than 4 fit.
+__host__ __device__ __forceinline__ int amk_attn_keys(int hd, int bytes) {
+  const int k = AMK_ATTN_STAGE_BYTES / (2 * (hd > 0 ? hd : 1) * bytes);
+  return k > AMK_ATTN_TILE ? AMK_ATTN_TILE : (k >= 4 ? k & ~3 : k);
+}
+// Offsets (floats) of the areas above; sc is sized for the smallest element type (2 bytes: the most keys).
+struct AmkAttnSmem {
+  int o, sc, red, st, kv, total;
+};
+__host__ __device__ __forceinline__ AmkAttnSmem amk_attn_smem(int G, int D) {
+  const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
+  AmkAttnSmem a;
+  a.o = amk_pad4(G * D);
+  a.sc = a.o + amk_pad4(G * D);
+  a.red = a.sc + amk_pad4(G * amk_attn_keys(D, 2));
+  a.st = a.red + amk_pad4(amk_attn_rg(D) * GBm * D);
+  a.kv = a.st + amk_pad4(3 * G);
+  a.total = a.kv + AMK_ATTN_STAGES * (AMK_ATTN_STAGE_BYTES / 4);
+  return a;
+}
 
-// acc[k][g] += K_row_k . q_s[g] (k < 2 keys at once, so two rows of loads are in flight) for this lane's part
-// (lane `sl` of an 8-lane group) of each row. row[1] may be null (no second key).
+__device__ __forceinline__ void amk_cp_async16(void* dst_smem, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst_smem)),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void amk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void amk_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Copies `bytes` bytes from global src into shared dst, split over the block: 16-byte cp.async when both ends and
+// the length allow (vec), else 2- or 4-byte coherent loads (synchronous; visible after the caller's barrier).
 template <class T>
-__device__ __forceinline__ void amk_kdot2(const char* const (&row)[2], int D, int sl, const float* q, int gn,
-                                          bool vec, float (&acc)[2][AMK_ATTN_GB]) {
+__device__ __forceinline__ void amk_attn_copy(char* dst, const char* src, int bytes, bool vec) {
   if (vec) {
+    for (int i = amk_tid() * 16; i < bytes; i += AMK_THREADS * 16) amk_cp_async16(dst + i, src + i);
+  } else if (T::BYTES == 4) {
+    for (int i = amk_tid(); i < bytes / 4; i += AMK_THREADS) ((float*)dst)[i] = __ldcg((const float*)src + i);
+  } else {
+    for (int i = amk_tid(); i < bytes / 2; i += AMK_THREADS)
+      ((unsigned short*)dst)[i] = __ldcg((const unsigned short*)src + i);
+  }
+}
+
+// acc[g] += K_row . q_s[g] for this lane's part (lane `sl` of an 8-lane group) of one K row in shared memory.
+template <class T>
+__device__ __forceinline__ void amk_kdot_s(const char* row, int D, int sl, const float* q, int gn, bool vec,
+                                           float (&acc)[AMK_ATTN_GB]) {
+  if (vec) {  // D % T::VE == 0: whole 16-byte chunks, q read as float4
     const int nc = D / T::VE;
     for (int cc = sl; cc < nc; cc += 8) {
-      uint4 v[2];
+      float f[T::VE];
+      T::unpack(*(const uint4*)(row + cc * 16), f);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) v[k] = row[k] ? __ldcg((const uint4*)row[k] + cc) : make_uint4(0u, 0u, 0u, 0u);
+      for (int g = 0; g < AMK_ATTN_GB; ++g) {
+        if (g < gn) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        float f[T::VE];
-        T::unpack(v[k], f);
-#pragma unroll
-        for (int g = 0; g < AMK_ATTN_GB; ++g) {
-          if (g < gn) {
-#pragma unroll
-            for (int e = 0; e < T::VE; ++e) acc[k][g] = fmaf(f[e], q[g * D + cc * T::VE + e], acc[k][g]);
+          for (int e4 = 0; e4 < T::VE; e4 += 4) {
+            const float4 qv = *(const float4*)(q + g * D + cc * T::VE + e4);
+            acc[g] = fmaf(f[e4], qv.x, acc[g]);
+            acc[g] = fmaf(f[e4 + 1], qv.y, acc[g]);
+            acc[g] = fmaf(f[e4 + 2], qv.z, acc[g]);
+            acc[g] = fmaf(f[e4 + 3], qv.w, acc[g]);
           }
         }
       }
     }
   } else {
     for (int d = sl; d < D; d += 8) {
-      float kv[2];
+      const float kv = T::ld(row, d);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) kv[k] = row[k] ? T::cg(row[k], d) : 0.f;
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int g = 0; g < AMK_ATTN_GB; ++g)
-          if (g < gn) acc[k][g] = fmaf(kv[k], q[g * D + d], acc[k][g]);
+      for (int g = 0; g < AMK_ATTN_GB; ++g)
+        if (g < gn) acc[g] = fmaf(kv, q[g * D + d], acc[g]);
     }
   }
 }
 
-// Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier.
+// The attention op's shared-memory areas (pointers derived from the dynamic smem array, so the compiler emits
+// 32-bit shared loads, not generic ones) and this thread's fixed roles, set once per task.
+struct AmkAttnThread {
+  float *q, *o, *sc, *red, *st;
+  char* kv;
+  int G, D, KT, RG, GBm;
+  bool kvec;   // K rows as 16-byte chunks
+  bool pv;     // takes part in P.V: row group rg, dim pair dp
+  int rg, dp;
+  int og, od;  // first output (head, dim) of the o update; the next are AMK_THREADS further
+};
+
+// One tile of tn keys from the stage at ks (K rows; V rows at vs): scores, online softmax, o = o * alpha + P.V.
+// Starts after a barrier that published the stage; ends with a barrier (the stage may then be refilled).
 template <class T>
-__device__ __noinline__ void amk_attn_core(const AmkCtx& c, const float* q, const void* kc, const void* vc, int kvh,
-                                           int G, int D, int S, int lo, int hi, float scale) {
-  const int tid = amk_tid(), warp = amk_warp(), lane = amk_lane();
-  float* q_s = c.smem;
-  float* o_s = q_s + amk_pad4(G * D);
-  float* sc = o_s + amk_pad4(G * D);
-  const int RG = amk_attn_rg(D);
-  const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
-  float* red = sc + G * AMK_ATTN_TILE;
-  float* st = red + amk_pad4(RG * GBm * D);
-  for (int i = tid; i < G * D; i += AMK_THREADS) {
-    q_s[i] = __ldcg(q + (int64_t)kvh * G * D + i);
-    o_s[i] = 0.f;
-  }
-  for (int g = tid; g < G; g += AMK_THREADS) { st[g] = -INFINITY; st[G + g] = 0.f; st[2 * G + g] = 0.f; }
-  __syncthreads();
-  amk_mark(c, 1);
-  const char* kbase = (const char*)kc + (size_t)kvh * S * D * T::BYTES;
-  const char* vbase = (const char*)vc + (size_t)kvh * S * D * T::BYTES;
-  const bool kvec = (D % T::VE) == 0 && amk_aligned16(kbase);
-  const int sl = lane & 7, kq = lane >> 3, halfD = D >> 1;
-  // P.V thread map: thread tid < RG*halfD (<= AMK_THREADS) owns key row group prg and dim pair pdp
-  const bool pv = tid < RG * halfD;
-  const int prg = pv ? tid / halfD : 0, pdp = pv ? tid - prg * halfD : 0;
-  for (int t0 = lo; t0 < hi; t0 += AMK_ATTN_TILE) {
-    const int tn = (hi - t0) < AMK_ATTN_TILE ? (hi - t0) : AMK_ATTN_TILE;
-    // V rows of this thread's first P.V batch: loaded now, so their latency overlaps the K loads of (1)
-    float2 vpre[4];
+__device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char* ks, const char* vs, int tn,
+                                              float scale) {
+  const int warp = amk_warp(), lane = amk_lane();
+  const int G = a.G, D = a.D, KT = a.KT;
+  const int sl = lane & 7, kq = lane >> 3;
+  // (1) scores sc[g][j] = (q_g . k_j) * scale: 8 lanes per key, 4 keys per warp per pass
+  for (int gb = 0; gb < G && !(AMK_DBG_SKIP & 1); gb += AMK_ATTN_GB) {
+    const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
+    for (int jw = warp * 4; jw < tn; jw += AMK_NWARPS * 4) {  // warp-uniform trip count
+      const int j = jw + kq;
+      float acc[AMK_ATTN_GB];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int jj = prg + u * RG;
-      vpre[u] = (pv && jj < tn) ? T::cg2(vbase, (int64_t)(t0 + jj) * D + 2 * pdp) : make_float2(0.f, 0.f);
+      for (int g = 0; g < AMK_ATTN_GB; ++g) acc[g] = 0.f;
+      if (j < tn) amk_kdot_s<T>(ks + j * D * T::BYTES, D, sl, a.q + gb * D, gn, a.kvec, acc);
+#pragma unroll
+      for (int g = 0; g < AMK_ATTN_GB; ++g) {
+        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 4);
+        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 2);
+        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 1);
+      }
+      if (sl == 0 && j < tn) {
+#pragma unroll
+        for (int g = 0; g < AMK_ATTN_GB; ++g)
+          if (g < gn) a.sc[(gb + g) * KT + j] = acc[g] * scale;
+      }
     }
-    // (1) scores sc[g][j] = (q_g . k_{t0+j}) * scale
-    for (int gb = 0; gb < G; gb += AMK_ATTN_GB) {
-      const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
-      // 8 lanes per key, 4 keys per warp, two keys per lane group per iteration (j and j + NWARPS*4)
-      for (int jw = warp * 4; jw < tn; jw += AMK_NWARPS * 8) {  // warp-uniform trip count
-        const int j0 = jw + kq, j1 = jw + AMK_NWARPS * 4 + kq;
-        float acc[2][AMK_ATTN_GB];
+  }
+  __syncthreads();
+  // (2) online softmax per head: m' = max(m, max_j s), p = e^(s - m'), l' = l e^(m - m') + sum p
+  for (int g = warp; g < G && !(AMK_DBG_SKIP & 2); g += AMK_NWARPS) {
+    float* s_g = a.sc + g * KT;
+    float mx = -INFINITY;
+    for (int j = lane; j < tn; j += 32) mx = fmaxf(mx, s_g[j]);
+    mx = amk_warp_max(mx);
+    const float m_old = a.st[g], m_new = fmaxf(m_old, mx);
+    float sum = 0.f;
+    for (int j = lane; j < tn; j += 32) {
+      const float e = expf(s_g[j] - m_new);
+      s_g[j] = e;
+      sum += e;
+    }
+    sum = amk_warp_sum(sum);
+    __syncwarp();  // every lane's read of st[g] above is ordered before lane 0 rewrites it (racecheck-explicit)
+    if (lane == 0) {
+      const float al = expf(m_old - m_new);
+      a.st[2 * G + g] = al;
+      a.st[G + g] = a.st[G + g] * al + sum;
+      a.st[g] = m_new;
+    }
+  }
+  __syncthreads();
+  // (3) o = o * alpha + P.V. Row group rg takes consecutive rows [j0, j1) (a multiple of 4 per group, so the
+  // probabilities of 4 rows are one float4), dim pair dp; partials summed over row groups in fixed order.
+  int rpg = (tn + a.RG - 1) / a.RG;
+  rpg = (KT & 3) == 0 ? (rpg + 3) & ~3 : rpg;
+  const int j0 = a.rg * rpg, j1 = (j0 + rpg) < tn ? (j0 + rpg) : tn;
+  for (int gb = 0; gb < G; gb += AMK_ATTN_GB) {
+    const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
+    if (a.pv && !(AMK_DBG_SKIP & 4)) {
+      float a0[AMK_ATTN_GB], a1[AMK_ATTN_GB];
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
+      for (int g = 0; g < AMK_ATTN_GB; ++g) { a0[g] = 0.f; a1[g] = 0.f; }
+      const float* p0 = a.sc + gb * KT;
+      int j = j0;
+      if ((KT & 3) == 0) {
+        for (; j + 4 <= j1; j += 4) {
+          float2 v[4];
 #pragma unroll
-          for (int g = 0; g < AMK_ATTN_GB; ++g) acc[k][g] = 0.f;
-        const char* rows[2] = {j0 < tn ? kbase + (size_t)(t0 + j0) * D * T::BYTES : nullptr,
-                               j1 < tn ? kbase + (size_t)(t0 + j1) * D * T::BYTES : nullptr};
-        if (rows[0]) amk_kdot2<T>(rows, D, sl, q_s + gb * D, gn, kvec, acc);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-#pragma unroll
-          for (int g = 0; g < AMK_ATTN_GB; ++g) {
-            acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 4);
-            acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 2);
-            acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 1);
-          }
-        }
-        if (sl == 0) {
+          for (int u = 0; u < 4; ++u) v[u] = T::ld2(vs, (j + u) * D + 2 * a.dp);
 #pragma unroll
           for (int g = 0; g < AMK_ATTN_GB; ++g) {
             if (g < gn) {
-              if (j0 < tn) sc[(gb + g) * AMK_ATTN_TILE + j0] = acc[0][g] * scale;
-              if (j1 < tn) sc[(gb + g) * AMK_ATTN_TILE + j1] = acc[1][g] * scale;
+              const float4 pj = *(const float4*)(p0 + g * KT + j);
+              a0[g] = fmaf(pj.x, v[0].x, a0[g]);
+              a1[g] = fmaf(pj.x, v[0].y, a1[g]);
+              a0[g] = fmaf(pj.y, v[1].x, a0[g]);
+              a1[g] = fmaf(pj.y, v[1].y, a1[g]);
+              a0[g] = fmaf(pj.z, v[2].x, a0[g]);
+              a1[g] = fmaf(pj.z, v[2].y, a1[g]);
+              a0[g] = fmaf(pj.w, v[3].x, a0[g]);
+              a1[g] = fmaf(pj.w, v[3].y, a1[g]);
             }
           }
         }
       }
-    }
-    __syncthreads();
-    // (2) online softmax per head: m' = max(m, max_j s), p = e^(s - m'), l' = l e^(m - m') + sum p
-    for (int g = warp; g < G; g += AMK_NWARPS) {
-      float* s_g = sc + g * AMK_ATTN_TILE;
-      float mx = -INFINITY;
-      for (int j = lane; j < tn; j += 32) mx = fmaxf(mx, s_g[j]);
-      mx = amk_warp_max(mx);
-      const float m_old = st[g], m_new = fmaxf(m_old, mx);
-      float sum = 0.f;
-      for (int j = lane; j < tn; j += 32) {
-        const float e = expf(s_g[j] - m_new);
-        s_g[j] = e;
-        sum += e;
-      }
-      sum = amk_warp_sum(sum);
-      __syncwarp();  // every lane's read of st[g] above is ordered before lane 0 rewrites it (racecheck-explicit)
-      if (lane == 0) {
-        const float a = expf(m_old - m_new);
-        st[2 * G + g] = a;
-        st[G + g] = st[G + g] * a + sum;
-        st[g] = m_new;
-      }
-    }
-    __syncthreads();
-    // (3) o = o * alpha + P.V, threads over (row group rg, dim pair dp)
-    for (int gb = 0; gb < G; gb += AMK_ATTN_GB) {
-      const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
-      if (pv) {
-        const int rg = prg, dp = pdp;
-        float a0[AMK_ATTN_GB], a1[AMK_ATTN_GB];
-#pragma unroll
-        for (int g = 0; g < AMK_ATTN_GB; ++g) { a0[g] = 0.f; a1[g] = 0.f; }
-        for (int j = rg; j < tn; j += RG * 4) {  // 4 value rows in flight per thread
-          float2 v[4];
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int jj = j + u * RG;
-            v[u] = j == rg ? vpre[u]
-                           : (jj < tn ? T::cg2(vbase, (int64_t)(t0 + jj) * D + 2 * dp) : make_float2(0.f, 0.f));
-          }
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int jj = j + u * RG;
-            if (jj < tn) {
-#pragma unroll
-              for (int g = 0; g < AMK_ATTN_GB; ++g) {
-                if (g < gn) {
-                  const float pj = sc[(gb + g) * AMK_ATTN_TILE + jj];
-                  a0[g] = fmaf(pj, v[u].x, a0[g]);
-                  a1[g] = fmaf(pj, v[u].y, a1[g]);
-                }
-              }
-            }
-          }
-        }
+      for (; j < j1; ++j) {
+        const float2 v = T::ld2(vs, j * D + 2 * a.dp);
 #pragma unroll
         for (int g = 0; g < AMK_ATTN_GB; ++g) {
           if (g < gn) {
-            red[(rg * GBm + g) * D + 2 * dp] = a0[g];
-            red[(rg * GBm + g) * D + 2 * dp + 1] = a1[g];
+            const float pj = p0[g * KT + j];
+            a0[g] = fmaf(pj, v.x, a0[g]);
+            a1[g] = fmaf(pj, v.y, a1[g]);
           }
         }
       }
-      __syncthreads();
-      for (int idx = tid; idx < gn * D; idx += AMK_THREADS) {
-        const int g = idx / D, d = idx - g * D;
-        float s = 0.f;
-        for (int rg = 0; rg < RG; ++rg) s += red[(rg * GBm + g) * D + d];
-        float* o = o_s + (gb + g) * D + d;
-        *o = *o * st[2 * G + gb + g] + s;
-      }
-      __syncthreads();
+#pragma unroll
+      for (int g = 0; g < AMK_ATTN_GB; ++g)
+        if (g < gn) *(float2*)(a.red + (a.rg * a.GBm + g) * D + 2 * a.dp) = make_float2(a0[g], a1[g]);
     }
+    __syncthreads();
+    if (!(AMK_DBG_SKIP & 8)) {
+      const int n = gn * D, stride = a.GBm * D;
+      int g = a.og, d = a.od;
+      for (int idx = amk_tid(); idx < n; idx += AMK_THREADS) {
+        const float* r = a.red + g * D + d;
+        float s = 0.f;
+        for (int k = 0; k < a.RG; ++k) s += r[k * stride];
+        float* o = a.o + (gb + g) * D + d;
+        *o = *o * a.st[2 * G + gb + g] + s;
+        d += AMK_THREADS % D;   // idx += AMK_THREADS as (g, d)
+        g += AMK_THREADS / D;
+        if (d >= D) { d -= D; ++g; }
+      }
+    }
+    __syncthreads();
   }
+}
+
+// Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
+// reporting BAD_INPUT) if one key's K and V rows do not fit a stage.
+template <class T>
+__device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, const void* kc, const void* vc, int kvh,
+                                           int G, int D, int S, int lo, int hi, float scale) {
+  const int tid = amk_tid();
+  const AmkAttnSmem m = amk_attn_smem(G, D);
+  float* sm = amk_in_smem(c.smem);
+  AmkAttnThread a;
+  a.q = sm;
+  a.o = sm + m.o;
+  a.sc = sm + m.sc;
+  a.red = sm + m.red;
+  a.st = sm + m.st;
+  a.kv = (char*)(sm + m.kv);
+  a.G = G;
+  a.D = D;
+  a.KT = amk_attn_keys(D, T::BYTES);
+  a.RG = amk_attn_rg(D);
+  a.GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
+  a.kvec = (D % T::VE) == 0;
+  const int halfD = D >> 1;
+  a.pv = tid < a.RG * halfD;
+  a.rg = a.pv ? tid / halfD : 0;
+  a.dp = a.pv ? tid - a.rg * halfD : 0;
+  a.og = tid / D;
+  a.od = tid - a.og * D;
+  const int KT = a.KT;
+  if (KT < 1) {
+    if (tid == 0) amk_fail(c, AMK_ERR_BAD_INPUT, 2 * D * T::BYTES);
+    return false;
+  }
+  const char* kbase = (const char*)kc + (size_t)kvh * S * D * T::BYTES;
+  const char* vbase = (const char*)vc + (size_t)kvh * S * D * T::BYTES;
+  const int row = D * T::BYTES;
+  const bool vec = row % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase);
+  const int nt = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+  // tile t -> stage t % STAGES: K rows at its start, V rows KT rows later. One commit group per tile (empty past
+  // the end), so wait_group<STAGES-1> always means "tile t has landed".
+  auto issue = [&](int t) {
+    if (t < nt && !AMK_DBG_NOLOAD) {
+      const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT;
+      char* stg = a.kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
+      amk_attn_copy<T>(stg, kbase + (size_t)t0 * row, tn * row, vec);
+      amk_attn_copy<T>(stg + KT * row, vbase + (size_t)t0 * row, tn * row, vec);
+    }
+    amk_cp_async_commit();
+  };
+  for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
+  for (int i = tid; i < G * D; i += AMK_THREADS) {  // q lands while the first tiles are in flight
+    a.q[i] = __ldcg(q + (int64_t)kvh * G * D + i);
+    a.o[i] = 0.f;
+  }
+  for (int g = tid; g < G; g += AMK_THREADS) { a.st[g] = -INFINITY; a.st[G + g] = 0.f; a.st[2 * G + g] = 0.f; }
+  amk_mark(c, 1);
+  for (int t = 0; t < nt; ++t) {
+    issue(t + AMK_ATTN_STAGES - 1);
+    amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
+    __syncthreads();
+    const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT;
+    const char* stg = a.kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
+    if (!AMK_DBG_NOCOMPUTE) amk_attn_tile<T>(a, stg, stg + KT * row, tn, scale);
+  }
+  amk_cp_async_wait<0>();
+  __syncthreads();
+  return true;
 }
 
 // ATTN_DECODE (partial = false) and ATTN_PARTIAL (partial = true): identical slots up to the output.
@@ -227,15 +343,15 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q);
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
+  bool ok = false;
   if (!amk_dispatch_dtype(c, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
-        amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
-      }))
+        ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
+      }) || !ok)
     return;
   amk_mark(c, 2);
-  const float* o_s = c.smem + amk_pad4(G * D);
-  const int RG = amk_attn_rg(D);
-  const int GBm = G < AMK_ATTN_GB ? G : AMK_ATTN_GB;
-  const float* st = o_s + amk_pad4(G * D) + G * AMK_ATTN_TILE + amk_pad4(RG * GBm * D);
+  const AmkAttnSmem a = amk_attn_smem(G, D);
+  const float* o_s = amk_in_smem(c.smem) + a.o;
+  const float* st = amk_in_smem(c.smem) + a.st;
   float* out = (float*)amk_ptr(c, AMK_ATTN_DECODE_N_REQUIRED_IN);
   if (!partial) {
     for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS)
