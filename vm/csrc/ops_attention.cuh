@@ -81,37 +81,59 @@ __device__ __forceinline__ void amk_attn_copy(char* dst, const char* src, int by
   }
 }
 
-// acc[g] += K_row . q_s[g] for this lane's part (lane `sl` of an 8-lane group) of one K row in shared memory.
+// acc[k][g] += K_row_k . q_g (k < 2 keys; row1 may be null) for this lane's part (lane `sl` of an 8-lane group).
+// vec (D % T::VE == 0): 16-byte chunks of the rows, q in the chunk-major layout of amk_attn_qidx so that the 8
+// lanes of a group read 128 contiguous bytes of q; else element by element with q as [G][D].
 template <class T>
-__device__ __forceinline__ void amk_kdot_s(const char* row, int D, int sl, const float* q, int gn, bool vec,
-                                           float (&acc)[AMK_ATTN_GB]) {
-  if (vec) {  // D % T::VE == 0: whole 16-byte chunks, q read as float4
+__device__ __forceinline__ void amk_kdot2_s(const char* row0, const char* row1, int D, int sl, const float* q, int gn,
+                                            bool vec, float (&acc)[2][AMK_ATTN_GB]) {
+  if (vec) {
+    constexpr int H = T::VE / 4;
     const int nc = D / T::VE;
     for (int cc = sl; cc < nc; cc += 8) {
-      float f[T::VE];
-      T::unpack(*(const uint4*)(row + cc * 16), f);
+      float f0[T::VE], f1[T::VE];
+      T::unpack(*(const uint4*)(row0 + cc * 16), f0);
+      T::unpack(row1 ? *(const uint4*)(row1 + cc * 16) : make_uint4(0u, 0u, 0u, 0u), f1);
 #pragma unroll
       for (int g = 0; g < AMK_ATTN_GB; ++g) {
         if (g < gn) {
 #pragma unroll
-          for (int e4 = 0; e4 < T::VE; e4 += 4) {
-            const float4 qv = *(const float4*)(q + g * D + cc * T::VE + e4);
-            acc[g] = fmaf(f[e4], qv.x, acc[g]);
-            acc[g] = fmaf(f[e4 + 1], qv.y, acc[g]);
-            acc[g] = fmaf(f[e4 + 2], qv.z, acc[g]);
-            acc[g] = fmaf(f[e4 + 3], qv.w, acc[g]);
+          for (int h = 0; h < H; ++h) {
+            const float4 qv = *(const float4*)(q + ((g * H + h) * nc + cc) * 4);
+            acc[0][g] = fmaf(f0[4 * h], qv.x, acc[0][g]);
+            acc[0][g] = fmaf(f0[4 * h + 1], qv.y, acc[0][g]);
+            acc[0][g] = fmaf(f0[4 * h + 2], qv.z, acc[0][g]);
+            acc[0][g] = fmaf(f0[4 * h + 3], qv.w, acc[0][g]);
+            acc[1][g] = fmaf(f1[4 * h], qv.x, acc[1][g]);
+            acc[1][g] = fmaf(f1[4 * h + 1], qv.y, acc[1][g]);
+            acc[1][g] = fmaf(f1[4 * h + 2], qv.z, acc[1][g]);
+            acc[1][g] = fmaf(f1[4 * h + 3], qv.w, acc[1][g]);
           }
         }
       }
     }
   } else {
     for (int d = sl; d < D; d += 8) {
-      const float kv = T::ld(row, d);
+      const float k0 = T::ld(row0, d), k1 = row1 ? T::ld(row1, d) : 0.f;
 #pragma unroll
-      for (int g = 0; g < AMK_ATTN_GB; ++g)
-        if (g < gn) acc[g] = fmaf(kv, q[g * D + d], acc[g]);
+      for (int g = 0; g < AMK_ATTN_GB; ++g) {
+        if (g < gn) {
+          acc[0][g] = fmaf(k0, q[g * D + d], acc[0][g]);
+          acc[1][g] = fmaf(k1, q[g * D + d], acc[1][g]);
+        }
+      }
     }
   }
+}
+
+// Where element (g, d) of q lives in q_s: [G][D] (scalar path), or chunk-major for the vec path:
+// [g][h = (d % VE) / 4][cc = d / VE][4], so lane cc of an 8-lane group reads its float4 next to lane cc+1's.
+template <class T>
+__device__ __forceinline__ int amk_attn_qidx(int g, int d, int D, bool vec) {
+  if (!vec) return g * D + d;
+  constexpr int H = T::VE / 4;
+  const int nc = D / T::VE, cc = d / T::VE, r = d - cc * T::VE;
+  return ((g * H + (r >> 2)) * nc + cc) * 4 + (r & 3);
 }
 
 // The attention op's shared-memory areas (pointers derived from the dynamic smem array, so the compiler emits
@@ -123,6 +145,7 @@ struct AmkAttnThread {
   bool kvec;   // K rows as 16-byte chunks
   bool pv;     // takes part in P.V: row group rg, dim pair dp
   int rg, dp;
+  int rpg;     // P.V rows per row group in a full tile
   int og, od;  // first output (head, dim) of the o update; the next are AMK_THREADS further
 };
 
@@ -134,25 +157,38 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
   const int warp = amk_warp(), lane = amk_lane();
   const int G = a.G, D = a.D, KT = a.KT;
   const int sl = lane & 7, kq = lane >> 3;
-  // (1) scores sc[g][j] = (q_g . k_j) * scale: 8 lanes per key, 4 keys per warp per pass
+  // (1) scores sc[g][j] = (q_g . k_j) * scale: 8 lanes per key, two keys per lane group (j and j + 4*NWARPS),
+  // so one pass of the block covers 8*NWARPS keys
   for (int gb = 0; gb < G && !(AMK_DBG_SKIP & 1); gb += AMK_ATTN_GB) {
     const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
-    for (int jw = warp * 4; jw < tn; jw += AMK_NWARPS * 4) {  // warp-uniform trip count
-      const int j = jw + kq;
-      float acc[AMK_ATTN_GB];
+    const float* qb = a.q + gb * D;  // heads gb.. of q (both layouts are head-major, D floats per head)
+    for (int jw = warp * 4; jw < tn; jw += AMK_NWARPS * 8) {  // warp-uniform trip count
+      const int j0 = jw + kq, j1 = j0 + AMK_NWARPS * 4;
+      float acc[2][AMK_ATTN_GB];
 #pragma unroll
-      for (int g = 0; g < AMK_ATTN_GB; ++g) acc[g] = 0.f;
-      if (j < tn) amk_kdot_s<T>(ks + j * D * T::BYTES, D, sl, a.q + gb * D, gn, a.kvec, acc);
+      for (int k = 0; k < 2; ++k)
 #pragma unroll
-      for (int g = 0; g < AMK_ATTN_GB; ++g) {
-        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 4);
-        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 2);
-        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 1);
+        for (int g = 0; g < AMK_ATTN_GB; ++g) acc[k][g] = 0.f;
+      if (j0 < tn)
+        amk_kdot2_s<T>(ks + j0 * D * T::BYTES, j1 < tn ? ks + j1 * D * T::BYTES : nullptr, D, sl, qb, gn, a.kvec,
+                       acc);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int g = 0; g < AMK_ATTN_GB; ++g) {
+          acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 4);
+          acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 2);
+          acc[k][g] += __shfl_xor_sync(0xffffffffu, acc[k][g], 1);
+        }
       }
-      if (sl == 0 && j < tn) {
+      if (sl == 0) {
 #pragma unroll
-        for (int g = 0; g < AMK_ATTN_GB; ++g)
-          if (g < gn) a.sc[(gb + g) * KT + j] = acc[g] * scale;
+        for (int g = 0; g < AMK_ATTN_GB; ++g) {
+          if (g < gn) {
+            if (j0 < tn) a.sc[(gb + g) * KT + j0] = acc[0][g] * scale;
+            if (j1 < tn) a.sc[(gb + g) * KT + j1] = acc[1][g] * scale;
+          }
+        }
       }
     }
   }
@@ -182,26 +218,31 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
   __syncthreads();
   // (3) o = o * alpha + P.V. Row group rg takes consecutive rows [j0, j1) (a multiple of 4 per group, so the
   // probabilities of 4 rows are one float4), dim pair dp; partials summed over row groups in fixed order.
-  int rpg = (tn + a.RG - 1) / a.RG;
-  rpg = (KT & 3) == 0 ? (rpg + 3) & ~3 : rpg;
+  int rpg = a.rpg;
+  if (tn != KT) {
+    rpg = (tn + a.RG - 1) / a.RG;
+    rpg = (KT & 3) == 0 ? (rpg + 3) & ~3 : rpg;
+  }
   const int j0 = a.rg * rpg, j1 = (j0 + rpg) < tn ? (j0 + rpg) : tn;
+  const int vstep = D * T::BYTES;
   for (int gb = 0; gb < G; gb += AMK_ATTN_GB) {
     const int gn = (G - gb) < AMK_ATTN_GB ? (G - gb) : AMK_ATTN_GB;
     if (a.pv && !(AMK_DBG_SKIP & 4)) {
       float a0[AMK_ATTN_GB], a1[AMK_ATTN_GB];
 #pragma unroll
       for (int g = 0; g < AMK_ATTN_GB; ++g) { a0[g] = 0.f; a1[g] = 0.f; }
-      const float* p0 = a.sc + gb * KT;
+      const float* pp = a.sc + gb * KT + j0;                      // p[gb][j]
+      const char* vp = vs + j0 * vstep + 2 * a.dp * T::BYTES;      // V[j][2 dp]
       int j = j0;
       if ((KT & 3) == 0) {
-        for (; j + 4 <= j1; j += 4) {
+        for (; j + 4 <= j1; j += 4, pp += 4, vp += 4 * vstep) {
           float2 v[4];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) v[u] = T::ld2(vs, (j + u) * D + 2 * a.dp);
+          for (int u = 0; u < 4; ++u) v[u] = T::ld2(vp + u * vstep, 0);
 #pragma unroll
           for (int g = 0; g < AMK_ATTN_GB; ++g) {
             if (g < gn) {
-              const float4 pj = *(const float4*)(p0 + g * KT + j);
+              const float4 pj = *(const float4*)(pp + g * KT);
               a0[g] = fmaf(pj.x, v[0].x, a0[g]);
               a1[g] = fmaf(pj.x, v[0].y, a1[g]);
               a0[g] = fmaf(pj.y, v[1].x, a0[g]);
@@ -214,12 +255,12 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
           }
         }
       }
-      for (; j < j1; ++j) {
-        const float2 v = T::ld2(vs, j * D + 2 * a.dp);
+      for (; j < j1; ++j, ++pp, vp += vstep) {
+        const float2 v = T::ld2(vp, 0);
 #pragma unroll
         for (int g = 0; g < AMK_ATTN_GB; ++g) {
           if (g < gn) {
-            const float pj = p0[g * KT + j];
+            const float pj = pp[g * KT];
             a0[g] = fmaf(pj, v.x, a0[g]);
             a1[g] = fmaf(pj, v.y, a1[g]);
           }
@@ -236,7 +277,7 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
       for (int idx = amk_tid(); idx < n; idx += AMK_THREADS) {
         const float* r = a.red + g * D + d;
         float s = 0.f;
-        for (int k = 0; k < a.RG; ++k) s += r[k * stride];
+        for (int k = 0; k < a.RG; ++k, r += stride) s += *r;
         float* o = a.o + (gb + g) * D + d;
         *o = *o * a.st[2 * G + gb + g] + s;
         d += AMK_THREADS % D;   // idx += AMK_THREADS as (g, d)
@@ -276,6 +317,8 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   a.og = tid / D;
   a.od = tid - a.og * D;
   const int KT = a.KT;
+  a.rpg = KT >= 1 ? (KT + a.RG - 1) / a.RG : 0;
+  a.rpg = (KT & 3) == 0 ? (a.rpg + 3) & ~3 : a.rpg;
   if (KT < 1) {
     if (tid == 0) amk_fail(c, AMK_ERR_BAD_INPUT, 2 * D * T::BYTES);
     return false;
@@ -298,7 +341,8 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   };
   for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
   for (int i = tid; i < G * D; i += AMK_THREADS) {  // q lands while the first tiles are in flight
-    a.q[i] = __ldcg(q + (int64_t)kvh * G * D + i);
+    const int g = i / D;
+    a.q[amk_attn_qidx<T>(g, i - g * D, D, a.kvec)] = __ldcg(q + (int64_t)kvh * G * D + i);
     a.o[i] = 0.f;
   }
   for (int g = tid; g < G; g += AMK_THREADS) { a.st[g] = -INFINITY; a.st[G + g] = 0.f; a.st[2 * G + g] = 0.f; }
