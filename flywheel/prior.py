@@ -1,9 +1,10 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
-Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits 8, prefetch_depth 0,
-qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/512 run llama-3.2-1b bf16
-at ctx 512 in ~1410 us in an interleaved A/B (1446 us with the earlier lm_head_rows 128 and no MLP prefetch), vs
-2254 us for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64).
+Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits auto (8 at ctx 512),
+prefetch_depth 0, qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/512 run
+llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us for the first defaults (attn_splits 1,
+prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on 132 SMs) runs in 1686 / 2407 us vs
+1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
 derived from ``KNOBS``. Every knob changes the lowered program, the kernel build or a launch parameter; tests/schedule/test_knobs.py
@@ -62,8 +63,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("qkv_head_split", int, 2, choices=(1, 2, 4, 8),
          doc="QKV tasks per head (each takes a slice of the head's RoPE pairs) so the QKV phase uses more SMs; "
              "only with qkv_heads=1 and no QK-norm (Qwen3 keeps whole heads), and only where it divides head_dim/2"),
-    Knob("attn_splits", int, 8, range=(1, 64),
-         doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax"),
+    Knob("attn_splits", int, 0, range=(0, 64),
+         doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
+             "0 = auto: 8 for KV caches of up to 2048 positions, else SMs // n_kv_heads (one wave of attention "
+             "tasks, at least 8)"),
     Knob("sm_assignment", str, "list", choices=("list", "lpt", "round_robin"),
          doc="task->SM policy: 'list' = dependency-aware earliest finish, 'lpt' = balance bytes greedily, "
              "'round_robin' = task i on SM i mod n"),
@@ -84,7 +87,8 @@ KNOBS: tuple[Knob, ...] = (
              "wait, while the block runs the tasks in between"),
     Knob("mlp_prefetch_kb", int, 64, choices=(0, 64, 128, 192, 256, 384, 512),
          doc="KB of each gate/up tile asked into L2 by an L2_PREFETCH task while the attention hops leave HBM "
-             "mostly idle (half from the gate rows, half from the up rows; 0 = no prefetch tasks)"),
+             "mostly idle (half from the gate rows, half from the up rows; 0 = no prefetch tasks). Emitted only "
+             "where the attention tasks leave at least half of the SMs idle (n_kv_heads x splits <= SMs / 2)"),
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
              "tiles done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),

@@ -39,6 +39,7 @@ class _Builder:
     def __init__(self, dtype: DType, balance_sms: int = 0):
         self.dtype = dtype
         self.balance_sms = balance_sms   # > 0: GEMV-family row tiles come in multiples of this many (balance_tiles)
+        self.sms = 1                     # SMs the program runs on (set by lower)
         self.buffers: list[Buffer] = []
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
@@ -130,6 +131,21 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label):
         _add(b, tmp, resid, y, n, cfg.gemv_rows, ct, out_c, label + "_add")
 
 
+AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
+
+
+def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int) -> int:
+    """Split-KV tasks per KV head. knob > 0: that many (at most one per position). 0 (auto): 8 up to 2048
+    positions of KV cache; beyond, one wave of attention tasks (n_kv * splits <= n_sms, at least 8, at most 64).
+    Measured on llama-3.2-1b, H100 (docs/PERF.md, fifth session): 8 is best at ctx 512 (16: +2%); 16 is best at
+    8192 and 32768 (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
+    if knob > 0:
+        return min(knob, max_seq)
+    if max_seq <= AUTO_SPLITS_MAX_SEQ:
+        return min(AUTO_SPLITS, max_seq)
+    return min(64, max_seq, max(AUTO_SPLITS, n_sms // max(1, n_kv)))
+
+
 def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int):
     c = g.config
     H, hd, G, nkv = c.hidden, c.head_dim, c.group, c.n_kv_heads
@@ -146,7 +162,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
             for m in "qkv"} if c.attn_bias else {}
     qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
     c_attn = b.counter(f"attn{l}")
-    splits = min(cfg.attn_splits, S)
+    splits = attn_splits_for(cfg.attn_splits, nkv, S, b.sms)
     partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
@@ -182,7 +198,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                    [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
     wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
     wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
-    if cfg.mlp_prefetch_kb:   # the gate/up tiles' heads into L2 while the latency-bound attention hops run
+    # the gate/up tiles' heads into L2 while the latency-bound attention hops run -- on the SMs attention leaves idle
+    if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
         trigger = {"layer": cin, "qkv": c_qkv, "attn": c_attn}[cfg.mlp_prefetch_at]
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
         for r0, rn in _row_tiles(b, c.intermediate, cfg.mlp_rows):
@@ -249,6 +266,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms if cfg.balance_tiles else 0)
+    b.sms = n_sms
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
           "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
@@ -281,6 +299,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,
             "hidden": c.hidden, "n_layers": c.n_layers, "kv_bytes_per_token": kv_per_tok,
+            "attn_splits": attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms),
             "schedule_id": schedule_id(cfg_d), "lower_seconds": round(time.perf_counter() - t0, 3)}
     return MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
 

@@ -37,7 +37,7 @@ def _rejected(v, field):
     ({"threads_per_block": 500}, "threads_per_block"),  # not a multiple of 32
     ({"threads_per_block": 2048}, "threads_per_block"),  # out of range
     ({"gemv_rows": 7}, "gemv_rows"),                    # not a choice
-    ({"attn_splits": 0}, "attn_splits"),
+    ({"attn_splits": -1}, "attn_splits"),
     ({"num_sms": 133}, "num_sms"),                      # more SMs than the H100 has
     ([1, 2], "config"),                                 # not an object
 ])

@@ -40,7 +40,7 @@ def test_defaults_and_samples_validate():
 
 @pytest.mark.parametrize("bad", [{"nope": 1}, {"gemv_rows": "16"}, {"gemv_rows": 7}, {"gemv_rows": True},
                                  {"threads_per_block": 500}, {"threads_per_block": 2048}, {"fuse_norm": 1},
-                                 {"sm_assignment": "random"}, {"attn_splits": 0}, {"num_sms": -1},
+                                 {"sm_assignment": "random"}, {"attn_splits": -1}, {"num_sms": -1},
                                  {"prefetch_depth": 2.5}])
 def test_schema_rejects_malformed(bad):
     assert not _ok(bad)

@@ -230,3 +230,25 @@ def test_launch_knob_changes_the_launch(knob, value):
 def test_every_knob_affects_something_known():
     assert {k.affects for k in KNOBS} <= {"program", "build", "launch"}
     assert any(k.affects == "launch" for k in KNOBS)
+
+
+@pytest.mark.parametrize("max_seq,n_sms,splits,prefetch", [
+    (64, 132, 8, True),        # short cache: 8 splits; 64 attention tasks leave half of the SMs idle
+    (2048, 132, 8, True),
+    (4096, 132, 16, False),    # long cache: one wave (8 kv heads x 16 = 128 <= 132 SMs), no SM idle for prefetch
+    (4096, 64, 8, False),      # at least 8 splits; 64 tasks on 64 SMs
+    (4096, 40, 8, False),
+])
+def test_auto_attn_splits_and_prefetch_gating(max_seq, n_sms, splits, prefetch):
+    """attn_splits 0 (auto) picks the split per KV-cache length and SM count; L2_PREFETCH tasks only where the
+    attention tasks leave at least half of the SMs idle (llama-3.2-1b shapes: 8 kv heads, 16 layers)."""
+    g = WIDE["mlp_prefetch_kb"]
+    cfg = {**defaults(), "attn_splits": 0, "mlp_prefetch_kb": 64, "num_sms": n_sms}
+    p = lower(g, H100, cfg, max_seq=max_seq)
+    nkv, nl = g.config.n_kv_heads, g.config.n_layers
+    assert p.meta["attn_splits"] == splits
+    assert _count(p, "ATTN_PARTIAL") == splits * nkv * nl and _count(p, "ATTN_MERGE") == nkv * nl
+    assert (_count(p, "L2_PREFETCH") == _count(p, "GEMV_SILU_MUL")) if prefetch else _count(p, "L2_PREFETCH") == 0
+    # an explicit split count is taken as given, capped at one task per position
+    assert lower(g, H100, {**cfg, "attn_splits": 3}, max_seq=max_seq).meta["attn_splits"] == 3
+    assert lower(g, H100, {**cfg, "attn_splits": 64}, max_seq=32).meta["attn_splits"] == 32
