@@ -37,34 +37,46 @@ __device__ __forceinline__ void amk_prep_norm(const AmkParams& p, const AmkInstr
   for (int i = amk_tid() - first; i < K; i += AMK_THREADS - first) nw_s[i] = amk_ldw(w, d.dtype, i);
 }
 
-// xs[0:K] = x[0:K] (coherent loads), then if nw_s != nullptr: xs = xs * rsqrt(mean(xs^2) + eps) * nw_s
-// (nw_s: the norm weight in shared memory, from amk_prep_norm). Ends with a barrier: xs is ready for every thread.
+// xs[0:K] = x[0:K] * nw_s (coherent loads; nw_s: the norm weight in shared memory from amk_prep_norm, or null:
+// xs = x). Returns the RMSNorm scale r = rsqrt(mean(x^2) + eps) (1 without norm): the consumer multiplies its dot
+// products by r (W . (x * nw) * r == W . rmsnorm(x)), so staging costs one round trip and ONE barrier -- the sum
+// of squares is reduced per warp before it and summed by every thread after it, in warp order (deterministic).
 //                                                                                      x: fp32 [K] global
-__device__ __forceinline__ void amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
-                                            float eps) {
+__device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
+                                             float eps) {
+  xs = amk_in_smem(xs);
+  float* red = c.red;  // static shared scratch: warp partials of the sum of squares
   float ss = 0.f;
   if ((K & 3) == 0 && amk_aligned16(x)) {
     const float4* x4 = (const float4*)x;
     float4* xs4 = (float4*)xs;
     for (int i = amk_tid(); i < (K >> 2); i += AMK_THREADS) {
-      const float4 v = __ldcg(x4 + i);
-      xs4[i] = v;
+      float4 v = __ldcg(x4 + i);
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      if (nw_s != nullptr) {
+        const float4 w = ((const float4*)amk_in_smem(nw_s))[i];
+        v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+      }
+      xs4[i] = v;
     }
   } else {
     for (int i = amk_tid(); i < K; i += AMK_THREADS) {
       const float v = __ldcg(x + i);
-      xs[i] = v;
       ss += v * v;
+      xs[i] = nw_s != nullptr ? v * amk_in_smem(nw_s)[i] : v;
     }
   }
   if (nw_s != nullptr) {
-    ss = amk_block_sum(ss, c.red);  // barriers inside: all of xs is written
-    const float r = 1.0f / sqrtf(ss / (float)K + eps);
-    for (int i = amk_tid(); i < K; i += AMK_THREADS) xs[i] = (xs[i] * r) * nw_s[i];
+    ss = amk_warp_sum(ss);
+    if (amk_lane() == 0) red[amk_warp()] = ss;
   }
   __syncthreads();
   amk_mark(c, 1);
+  if (nw_s == nullptr) return 1.0f;
+  float t = 0.f;
+#pragma unroll
+  for (int w = 0; w < AMK_NWARPS; ++w) t += red[w];
+  return 1.0f / sqrtf(t / (float)K + eps);
 }
 
 __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {
@@ -90,6 +102,6 @@ __device__ __noinline__ void amk_op_rmsnorm(const AmkCtx& c) {
   const float* x = (const float*)amk_ptr(c, AMK_RMSNORM_IN_X);
   float* y = (float*)amk_ptr(c, AMK_RMSNORM_N_REQUIRED_IN);
   float* xs = c.smem;  // [pad4(n)]
-  amk_stage_x(c, x, n, xs, c.nw, eps);  // the weight: amk_prep_norm
-  for (int i = amk_tid(); i < n; i += AMK_THREADS) y[i] = xs[i];
+  const float r = amk_stage_x(c, x, n, xs, c.nw, eps);  // xs = x * w (the weight: amk_prep_norm)
+  for (int i = amk_tid(); i < n; i += AMK_THREADS) y[i] = xs[i] * r;
 }

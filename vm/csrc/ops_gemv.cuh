@@ -2,7 +2,8 @@
 //
 //   GEMV:          y[r] = (W[r,:] . f(x) + bias[r]) + residual[r]         for r in [r0, r0+rn)
 //   GEMV_SILU_MUL: h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
-//   f(x) = rmsnorm(x) * norm_w if has_norm else x; x: fp32 [K] (staged in smem once per task).
+//   f(x) = rmsnorm(x) * norm_w if has_norm else x; x: fp32 [K] (staged in smem once per task, as x * norm_w: the
+//   1/rms scale multiplies the finished dot products, see amk_stage_x).
 //
 // Streaming: each warp owns whole rows; lanes read consecutive 16-byte chunks (a warp reads 512 contiguous bytes
 // per load), R rows x U chunks per lane are in flight before the first FMA (~64 KB per block). When a tile has
@@ -264,10 +265,10 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
 template <class T>
 __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
                                            const char* wbase, const void* bias, int bias_dt, const float* res_s,
-                                           float* y) {
+                                           float* y, float xr) {
   const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
   amk_gemv_rows<T, 1>(c, W, K, rn, xs, c.smem + amk_pad4(K), [&](int r, const float (&a)[1]) {
-    float v = a[0];
+    float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
     if (res_s) v += res_s[r];
     y[r0 + r] = v;
@@ -289,14 +290,14 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     const float* res = (const float*)amk_ptr(c, s_res);
     for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
   }
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? c.nw : nullptr,
-              in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier
+  const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? c.nw : nullptr,
+                               in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier; y = (W . xs) * xr
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
-    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y);
+    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, xr);
   });
 }
 
@@ -304,11 +305,11 @@ __device__ __forceinline__ float amk_silu(float g) { return g / (1.0f + expf(-g)
 
 template <class T>
 __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int r0, int rn, int K, const char* g0,
-                                           const char* u0, float* h) {
+                                           const char* u0, float* h, float xr) {
   const size_t off = (size_t)r0 * K * T::BYTES;
   const char* W[2] = {g0 + off, u0 + off};
   amk_gemv_rows<T, 2>(c, W, K, rn, xs, c.smem + amk_pad4(K),
-                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu(a[0]) * a[1]; });
+                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu(a[0] * xr) * (a[1] * xr); });
 }
 
 __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
@@ -320,13 +321,13 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
   const int s_h = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs, has_norm ? c.nw : nullptr,
-              in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
+  const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs,
+                               has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
   float* h = (float*)amk_ptr(c, s_h);
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);
   // gate and up share the program's dtype; the gate's descriptor decides.
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE), [&](auto tag) {
-    amk_silu_body<decltype(tag)>(c, xs, r0, rn, K, g0, u0, h);
+    amk_silu_body<decltype(tag)>(c, xs, r0, rn, K, g0, u0, h, xr);
   });
 }

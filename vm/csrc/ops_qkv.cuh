@@ -19,13 +19,15 @@ __device__ __forceinline__ void amk_rope_pair(float a, float b, int pos, float f
   o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
 }
 
-// ys[r] = W[row0 + r, :] . xs + bias[row0 + r]   (r < rows), per-dtype body with its own register allocation
+// ys[r] = (W[row0 + r, :] . xs) * xr + bias[row0 + r]   (r < rows; xr: the RMSNorm scale from amk_stage_x),
+// per-dtype body with its own register allocation
 template <class T>
 __device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs, int row0, int rows, int K,
-                                               const char* wbase, const void* bias, int bias_dt, float* ys) {
+                                               const char* wbase, const void* bias, int bias_dt, float* ys,
+                                               float xr) {
   const char* W[1] = {wbase + (size_t)row0 * K * T::BYTES};
   amk_gemv_rows<T, 1>(c, W, K, rows, xs, ys + amk_pad4(rows), [&](int r, const float (&a)[1]) {
-    float v = a[0];
+    float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, row0 + r);
     ys[r] = v;
   });
@@ -34,10 +36,11 @@ __device__ __noinline__ void amk_qkv_gemv_body(const AmkCtx& c, const float* xs,
 // Pair slice: ys[r] = row (row0 + r) and ys[pc + r] = row (row0 + half + r), r < pc.
 template <class T>
 __device__ __noinline__ void amk_qkv_pairs_body(const AmkCtx& c, const float* xs, int row0, int half, int pc, int K,
-                                                const char* wbase, const void* bias, int bias_dt, float* ys) {
+                                                const char* wbase, const void* bias, int bias_dt, float* ys,
+                                                float xr) {
   const char* W[2] = {wbase + (size_t)row0 * K * T::BYTES, wbase + (size_t)(row0 + half) * K * T::BYTES};
   amk_gemv_rows<T, 2>(c, W, K, pc, xs, ys + amk_pad4(2 * pc), [&](int r, const float (&a)[2]) {
-    float v0 = a[0], v1 = a[1];
+    float v0 = a[0] * xr, v1 = a[1] * xr;
     if (bias) {
       v0 += amk_ldw(bias, bias_dt, row0 + r);
       v1 += amk_ldw(bias, bias_dt, row0 + half + r);
@@ -65,8 +68,8 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   }
   float* xs = c.smem;
   float* ys = xs + amk_pad4(K);
-  amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? c.nw : nullptr,
-              in.fp[AMK_QKV_ROPE_FP_EPS]);
+  const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? c.nw : nullptr,
+                               in.fp[AMK_QKV_ROPE_FP_EPS]);  // ys = (W . xs) * xr
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   const int row0 = h0 * hd;
@@ -75,7 +78,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const int half = hd >> 1, lane = amk_lane();
   if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
     amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
-      amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys);
+      amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys, xr);
     });
     __syncthreads();
     if (*c.flag) return;
@@ -98,7 +101,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     return;
   }
   amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
-    amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys);
+    amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys, xr);
   });
   __syncthreads();
   if (*c.flag) return;  // the weight ring reported an error (uniform after the barrier)
