@@ -214,3 +214,21 @@ def test_l2_prefetch_instructions_carry_their_ranges():
         assert int(r["prefetch_ptr"][1]) == ptr(t.inputs[1]) + t.params["start_b"] * 2
         assert t.params["start_a"] % K == 0
     assert n == 16 * (8192 // 64)
+
+
+def test_attention_stage_geometry_is_a_build_knob(monkeypatch):
+    """AMK_ATTN_STAGES / AMK_ATTN_STAGE_BYTES reach the compile flags and the digest; bad geometry is refused."""
+    from vm import jit
+    from vm.loader import ATTN_STAGE_BYTES, ATTN_STAGES
+    base = jit.spec_for(arch="sm_90a")
+    assert (base.attn_stages, base.attn_stage_bytes) == (ATTN_STAGES, ATTN_STAGE_BYTES)   # loader mirror
+    assert f"-DAMK_ATTN_STAGES={ATTN_STAGES}" in base.cuda_cflags()
+    monkeypatch.setenv("AMK_ATTN_STAGES", "3")
+    monkeypatch.setenv("AMK_ATTN_STAGE_BYTES", "16384")
+    three = jit.spec_for(arch="sm_90a")
+    assert {"-DAMK_ATTN_STAGES=3", "-DAMK_ATTN_STAGE_BYTES=16384"} <= set(three.cuda_cflags())
+    assert three.digest() != base.digest()
+    for bad in ({"attn_stages": 0}, {"attn_stages": 5}, {"attn_stage_bytes": 100}, {"attn_stage_bytes": 4104},
+                {"attn_stage_bytes": 1 << 17}):
+        with pytest.raises(jit.BuildError, match="attention stages"):
+            jit.BuildSpec(arch="sm_90a", tma=False, **bad)
