@@ -156,21 +156,6 @@ __device__ __forceinline__ float amk_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// Sum over the block; every thread gets the same value. Uses red[0..32]; contains three barriers.
-__device__ __forceinline__ float amk_block_sum(float v, float* red) {
-  v = amk_warp_sum(v);
-  if (amk_lane() == 0) red[amk_warp()] = v;
-  __syncthreads();
-  if (amk_warp() == 0) {
-    float t = amk_lane() < AMK_NWARPS ? red[amk_lane()] : 0.f;
-    t = amk_warp_sum(t);
-    if (amk_lane() == 0) red[32] = t;
-  }
-  __syncthreads();
-  const float r = red[32];
-  __syncthreads();
-  return r;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Element types. T::VE = elements per 16-byte chunk; unpack() turns a chunk into VE floats; ro() is a read-only
