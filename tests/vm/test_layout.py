@@ -15,7 +15,8 @@ from schedule.ir import get_target
 from schedule.lower import lower
 from vm import abi
 from vm.loader import (AbiMismatchError, arch_has_bulk_copy, check_layout, pack_instructions, pack_queues,
-                       preload_buffer_bytes, smem_floats)
+                       preload_buffer_bytes)
+from vm.smem import smem_floats
 
 CSRC = pathlib.Path(abi.__file__).parent / "csrc"
 
@@ -78,21 +79,6 @@ def test_pack_toy_program():
     assert offs[-1] == len(items) == len(prog.tasks) and sorted(items.tolist()) == list(range(len(prog.tasks)))
     # the largest area is attention's two 32 KB KV stages plus small areas
     assert max(smem_floats(t, 512) for t in prog.tasks) * 4 < 2 * 32768 + 48 * 1024
-
-
-def test_attention_smem_areas_by_hand():
-    """Keys per KV tile and the attention op's shared memory, worked out by hand (ops_attention.cuh layout)."""
-    from vm.loader import attn_floats, attn_keys
-    assert attn_keys(64, 2) == 128 and attn_keys(64, 4) == 64 and attn_keys(128, 2) == 64
-    assert attn_keys(10, 4) == 256            # capped at ATTN_TILE
-    assert attn_keys(8192, 4) == 0            # one key's K and V rows (64 KB) do not fit a 32 KB stage
-    assert attn_keys(64, 2, 65536) == 256
-    # G=4, hd=64, 512 threads: q, o 2*256 | scores 4*128 | P.V partials 16 row groups * 4 heads * 64 |
-    # (m, l, alpha) pad4(12) | 2 stages * 8192 floats
-    assert attn_floats(4, 64, 512) == 512 + 512 + 4096 + 12 + 16384
-    # G=3, hd=10, 256 threads, 3 stages of 16 KB: q, o 2*pad4(30) | scores pad4(3*256) | rg min(32, 256//5)=32,
-    # 32*3*10 | pad4(9) | 3 * 4096
-    assert attn_floats(3, 10, 256, 3, 16384) == 64 + 768 + 960 + 12 + 12288
 
 
 def test_weight_ranges_and_stream_flags():
@@ -219,7 +205,7 @@ def test_l2_prefetch_instructions_carry_their_ranges():
 def test_attention_stage_geometry_is_a_build_knob(monkeypatch):
     """AMK_ATTN_STAGES / AMK_ATTN_STAGE_BYTES reach the compile flags and the digest; bad geometry is refused."""
     from vm import jit
-    from vm.loader import ATTN_STAGE_BYTES, ATTN_STAGES
+    from vm.smem import ATTN_STAGE_BYTES, ATTN_STAGES
     base = jit.spec_for(arch="sm_90a")
     assert (base.attn_stages, base.attn_stage_bytes) == (ATTN_STAGES, ATTN_STAGE_BYTES)   # loader mirror
     assert f"-DAMK_ATTN_STAGES={ATTN_STAGES}" in base.cuda_cflags()

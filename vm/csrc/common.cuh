@@ -210,6 +210,17 @@ struct AmkF16 {
   }
 };
 
+// f(T()) for the element type dt; only the types of AMK_DTYPES are compiled in (common.cuh). A type that is not
+// reports BAD_INPUT (detail AMK_DTYPE_DETAIL - dt) and returns false; vm/jit.py picks a build that covers the program.
+template <class F>
+__device__ __forceinline__ bool amk_dispatch_dtype(const AmkCtx& c, int dt, F f) {
+  if (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) { f(AmkBF16()); return true; }
+  if (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16) { f(AmkF16()); return true; }
+  if (AMK_HAS_DTYPE(AMK_DTYPE_F32) && dt == AMK_DTYPE_F32) { f(AmkF32()); return true; }
+  if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, AMK_DTYPE_DETAIL - dt);
+  return false;
+}
+
 // Read-only element of a weight / CONST buffer of run-time dtype (small vectors: norm weights, bias, inv_freq).
 __device__ __forceinline__ float amk_ldw(const void* p, int dt, int64_t i) {
   switch (dt) {

@@ -162,17 +162,6 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
   }
 }
 
-// f(T()) for the element type dt; only the types of AMK_DTYPES are compiled in (common.cuh). A type that is not
-// reports BAD_INPUT (detail AMK_DTYPE_DETAIL - dt) and returns false; vm/jit.py picks a build that covers the program.
-template <class F>
-__device__ __forceinline__ bool amk_dispatch_dtype(const AmkCtx& c, int dt, F f) {
-  if (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) { f(AmkBF16()); return true; }
-  if (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16) { f(AmkF16()); return true; }
-  if (AMK_HAS_DTYPE(AMK_DTYPE_F32) && dt == AMK_DTYPE_F32) { f(AmkF32()); return true; }
-  if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, AMK_DTYPE_DETAIL - dt);
-  return false;
-}
-
 // Rows [0, g.rows) of a streamed task, stage by stage from the weight ring. Within a stage, warp group gi = warp/wpr
 // owns rows gi, gi + NW/wpr, ...; its wpr warps split the row's K range. Each (row, matrix, sub-warp) partial goes to
 // stash[(r*NM + m)*wpr + sub] (no barrier per row); after the last stage the partials are summed in fixed order and

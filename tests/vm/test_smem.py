@@ -1,0 +1,62 @@
+"""vm/smem.py: the shared-memory layout the loader sizes launches with (mirror of the kernel's formulas)."""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from vm.smem import attn_floats, attn_keys
+
+CSRC = pathlib.Path(__file__).resolve().parents[2] / "vm" / "csrc"
+
+
+def test_attention_smem_areas_by_hand():
+    """Keys per KV tile and the attention op's shared memory, worked out by hand (ops_attention.cuh layout)."""
+    assert attn_keys(64, 2) == 128 and attn_keys(64, 4) == 64 and attn_keys(128, 2) == 64
+    assert attn_keys(10, 4) == 256            # capped at ATTN_TILE
+    assert attn_keys(8192, 4) == 0            # one key's K and V rows (64 KB) do not fit a 32 KB stage
+    assert attn_keys(64, 2, 65536) == 256
+    assert attn_keys(96, 2) == 84             # 85 fit: rounded down to a multiple of 4 (float4 probabilities)
+    assert attn_keys(2048, 4) == 2            # fewer than 4 fit: kept as is (scalar P.V)
+    # G=4, hd=64, 512 threads: q, o 2*256 | scores 4*128 | P.V partials 16 row groups * 4 heads * 64 |
+    # (m, l, alpha) pad4(12) | 2 stages * 8192 floats
+    assert attn_floats(4, 64, 512) == 512 + 512 + 4096 + 12 + 16384
+    # G=3, hd=10, 256 threads, 3 stages of 16 KB: q, o 2*pad4(30) | scores pad4(3*256) | rg min(32, 256//5)=32,
+    # 32*3*10 | pad4(9) | 3 * 4096
+    assert attn_floats(3, 10, 256, 3, 16384) == 64 + 768 + 960 + 12 + 12288
+
+
+PROBE = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "ops_attention.cuh"
+int main(int argc, char** argv) {  // host code only: "G D" pairs -> total floats, keys for 2- and 4-byte elements
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const int G = atoi(argv[i]), D = atoi(argv[i + 1]);
+    std::printf("%d %d %d\n", amk_attn_smem(G, D).total, amk_attn_keys(D, 2), amk_attn_keys(D, 4));
+  }
+  return 0;
+}
+"""
+SHAPES = [(1, 64), (4, 64), (3, 10), (1, 96), (8, 128), (12, 8), (4, 256), (2, 2048)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("threads,stages,stage_bytes", [(512, 2, 32768), (256, 3, 16384)])
+def test_attention_layout_matches_the_kernel(tmp_path, threads, stages, stage_bytes):
+    """The kernel's own amk_attn_smem / amk_attn_keys, compiled for the host by nvcc, agree with vm/smem.py."""
+    src = tmp_path / "probe.cu"
+    src.write_text(PROBE)
+    exe = tmp_path / "probe"
+    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_80", f"-I{CSRC}", f"-DAMK_THREADS={threads}",
+                        f"-DAMK_ATTN_STAGES={stages}", f"-DAMK_ATTN_STAGE_BYTES={stage_bytes}", str(src), "-o",
+                        str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run([str(exe), *[str(v) for s in SHAPES for v in s]], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    for (G, D), line in zip(SHAPES, out):
+        want = (attn_floats(G, D, threads, stages, stage_bytes), attn_keys(D, 2, stage_bytes),
+                attn_keys(D, 4, stage_bytes))
+        assert tuple(int(v) for v in line.split()) == want, (G, D)
