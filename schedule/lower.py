@@ -36,10 +36,10 @@ TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used
 
 
 class _Builder:
-    def __init__(self, dtype: DType, balance_sms: int = 0):
+    def __init__(self, dtype: DType, sms: int = 1, balance_tiles: bool = False):
         self.dtype = dtype
-        self.balance_sms = balance_sms   # > 0: GEMV-family row tiles come in multiples of this many (balance_tiles)
-        self.sms = 1                     # SMs the program runs on (set by lower)
+        self.sms = sms                   # SMs (persistent blocks) the program runs on
+        self.balance_sms = sms if balance_tiles else 0   # > 0: GEMV-family row tiles in multiples of this many
         self.buffers: list[Buffer] = []
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
@@ -146,7 +146,8 @@ def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int) -> int:
     return min(64, max_seq, max(AUTO_SPLITS, n_sms // max(1, n_kv)))
 
 
-def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int):
+def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int,
+           splits: int):
     c = g.config
     H, hd, G, nkv = c.hidden, c.head_dim, c.group, c.n_kv_heads
     p = f"model.layers.{l}."
@@ -162,7 +163,6 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
             for m in "qkv"} if c.attn_bias else {}
     qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
     c_attn = b.counter(f"attn{l}")
-    splits = attn_splits_for(cfg.attn_splits, nkv, S, b.sms)
     partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
@@ -265,8 +265,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
-    b = _Builder(DType(graph.dtype), n_sms if cfg.balance_tiles else 0)
-    b.sms = n_sms
+    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles)
+    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
           "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
@@ -278,7 +278,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     b.task("EMBED", [emb, io["token"]], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab,
                                               "hidden": c.hidden}, [], cx, "embed")
     for l in range(c.n_layers):
-        x, cx = _layer(b, graph, cfg, l, x, cx, io, S)
+        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits)
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     c_log = b.counter("logits")
@@ -299,7 +299,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,
             "hidden": c.hidden, "n_layers": c.n_layers, "kv_bytes_per_token": kv_per_tok,
-            "attn_splits": attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms),
+            "attn_splits": splits,
             "schedule_id": schedule_id(cfg_d), "lower_seconds": round(time.perf_counter() - t0, 3)}
     return MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
 
