@@ -37,7 +37,7 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 #define AMK_ATTN_TILE 256   // max keys per attention tile (scores staged in smem)
 // The attention op copies each tile's K and V rows into shared memory with cp.async (AMK_ATTN_STAGES buffers of
 // AMK_ATTN_STAGE_BYTES, K then V), issuing tile t+STAGES-1 before computing tile t: every KV byte of a tile is in
-// flight at once. vm/jit.py sets both (BuildSpec.attn_stages / attn_stage_bytes) and vm/loader.py mirrors the area.
+// flight at once. vm/jit.py sets both (BuildSpec.attn_stages / attn_stage_bytes) and vm/smem.py mirrors the area.
 #ifndef AMK_ATTN_STAGES
 #define AMK_ATTN_STAGES 2
 #endif

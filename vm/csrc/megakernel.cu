@@ -28,7 +28,7 @@
 #include "ops_attention.cuh"
 #include "ops_misc.cuh"
 
-// Dynamic shared memory (floats) an instruction needs; vm/loader.py mirrors this formula (smem_floats).
+// Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
 __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
   AmkGeom g;
   const int stash = amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0;
@@ -116,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     for (; pf < pf_end; ++pf) amk_prefetch_instr(p.instrs + p.queue_items[pf], p.prefetch_cap);
 #endif
     __syncthreads();
+    float* const nw = op_smem + amk_smem_floats(s_ins);  // the staged norm weight follows the op's area
     uint64_t t_begin = 0, t_ready = 0;
     if (amk_tid() == 0) {
       if (p.trace) t_begin = amk_globaltimer();
@@ -129,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       }
       if (amk_warp() == AMK_NWARPS - 1) amk_prep_slots(p, s_ins, s_slots, amk_lane());
       if (amk_tid() >= 32 && amk_smem_need(p, s_ins) <= (int64_t)p.smem_bytes)  // else dispatch reports it
-        amk_prep_norm(p, s_ins, op_smem + amk_smem_floats(s_ins), 32);
+        amk_prep_norm(p, s_ins, nw, 32);
     }
     __syncthreads();
     if (s_flag) {
@@ -143,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     }
     AmkCtx ci = c;
     ci.instr_index = idx;
-    ci.nw = op_smem + amk_smem_floats(s_ins);
+    ci.nw = nw;
     amk_mark(ci, 0);
     amk_dispatch(ci);
     __syncthreads();

@@ -28,7 +28,7 @@
 #define AMK_DBG_NOCOMPUTE 0
 #endif
 
-// Row groups of the P.V pass; must match vm/loader.py's smem formula.
+// Row groups of the P.V pass; must match vm/smem.py's formula.
 __host__ __device__ __forceinline__ int amk_attn_rg(int hd) {
   const int r = AMK_THREADS / (hd / 2 > 0 ? hd / 2 : 1);
   return r < 1 ? 1 : (r > AMK_ATTN_RGMAX ? AMK_ATTN_RGMAX : r);
@@ -394,8 +394,9 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
     return;
   amk_mark(c, 2);
   const AmkAttnSmem a = amk_attn_smem(G, D);
-  const float* o_s = amk_in_smem(c.smem) + a.o;
-  const float* st = amk_in_smem(c.smem) + a.st;
+  const float* sm = amk_in_smem(c.smem);
+  const float* o_s = sm + a.o;
+  const float* st = sm + a.st;
   float* out = (float*)amk_ptr(c, AMK_ATTN_DECODE_N_REQUIRED_IN);
   if (!partial) {
     for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS)

@@ -20,7 +20,7 @@ __device__ __forceinline__ int amk_norm_slot(const AmkInstr& in, int& K) {
   }
 }
 
-// Shared-memory floats after the op's own area that hold its norm weight (vm/loader.py: smem_floats).
+// Shared-memory floats after the op's own area that hold its norm weight (vm/smem.py: smem_floats).
 __device__ __forceinline__ int amk_norm_floats(const AmkInstr& in) {
   int K;
   return amk_norm_slot(in, K) >= 0 ? amk_pad4(K) : 0;
