@@ -130,7 +130,8 @@ def weight_ranges(task, numel) -> list[Access]:
 
 
 def estimate(task, numel, itemsize) -> tuple[int, int]:
-    """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context) + small vectors. An L2_PREFETCH
+    """(HBM bytes, flops) of a task: weight tiles + KV rows (at full context; a split-KV partial reads its split's
+    share) + small vectors. An L2_PREFETCH
     costs nothing here: its bytes are the consumer's, counted there, and moving them does not occupy the SM."""
     if task.op == "L2_PREFETCH":
         return 0, 0
@@ -138,7 +139,9 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     for a in accesses(task, numel):
         n = a.hi - a.lo
         if task.op in ("ATTN_DECODE", "ATTN_PARTIAL") and a.slot in ("k_cache", "v_cache"):
-            n *= _p(task, "max_seq")                           # every position of the head (full context)
+            # the positions this task reads at full context: all of its head's, or its split's share of them
+            splits = _p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1
+            n *= -(-_p(task, "max_seq") // splits)
         elif task.op == "EMBED" and a.slot == "table":
             n = _p(task, "col_count")                          # one row of the table, not all of it
         byts += n * itemsize(a.buffer)
@@ -149,7 +152,8 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     elif task.op == "QKV_ROPE":
         flops = 2 * sum(b - a for a, b in qkv_rows(task)) * _p(task, "k")
     elif task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        flops = 4 * _p(task, "group") * _p(task, "head_dim") * _p(task, "max_seq")
+        splits = _p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1
+        flops = 4 * _p(task, "group") * _p(task, "head_dim") * -(-_p(task, "max_seq") // splits)
     return byts, flops
 
 

@@ -80,3 +80,20 @@ def test_llama_1b_lowers_and_validates_fast():
     assert p.weight_bytes == 2_471_628_800
     assert len(p.tasks) > 5_000 and len(p.queues) == 132
     assert dt < 30, f"lower+validate took {dt:.1f} s"
+
+
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_attention_estimate_counts_its_split_of_the_cache(splits):
+    """est_bytes of an attention task: its KV head's K and V rows for its share of the positions (hand-computed on
+    the toy: head_dim 16, bf16 cache, max_seq 48), plus q (fp32) and the small vectors. All splits of one head
+    together count the head's cache once, as one ATTN_DECODE does."""
+    g = load_model("toy", dtype="bf16")
+    S, hd, G = 48, 16, 3
+    p = lower(g, TARGETS["h100"], ScheduleConfig(attn_splits=splits), max_seq=S)
+    op = "ATTN_DECODE" if splits == 1 else "ATTN_PARTIAL"
+    att = [t for t in p.tasks if t.op == op]
+    assert att and all(t.params["n_splits"] == splits for t in att if op == "ATTN_PARTIAL")
+    kv = 2 * hd * 2 * -(-S // splits)            # K and V rows: hd bf16 elements per position of the split
+    small = {t.est_bytes - kv for t in att}      # q rows (G * hd fp32), pos, and the output / partial row
+    assert len(small) == 1 and 0 < small.pop() < 4 * G * hd * 2 + 64
+    assert splits * kv == 2 * hd * 2 * S       # the splits of a head count its cache once (S % splits == 0)
