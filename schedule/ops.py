@@ -135,13 +135,14 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     costs nothing here: its bytes are the consumer's, counted there, and moving them does not occupy the SM."""
     if task.op == "L2_PREFETCH":
         return 0, 0
+    attn = task.op in ("ATTN_DECODE", "ATTN_PARTIAL")
+    # positions an attention task reads at full context: all of its head's, or its split's share of them
+    positions = -(-_p(task, "max_seq") // (_p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1)) if attn else 0
     byts = 0
     for a in accesses(task, numel):
         n = a.hi - a.lo
-        if task.op in ("ATTN_DECODE", "ATTN_PARTIAL") and a.slot in ("k_cache", "v_cache"):
-            # the positions this task reads at full context: all of its head's, or its split's share of them
-            splits = _p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1
-            n *= -(-_p(task, "max_seq") // splits)
+        if attn and a.slot in ("k_cache", "v_cache"):
+            n *= positions
         elif task.op == "EMBED" and a.slot == "table":
             n = _p(task, "col_count")                          # one row of the table, not all of it
         byts += n * itemsize(a.buffer)
@@ -151,9 +152,8 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
         flops = 2 * m * _p(task, "row_count") * _p(task, "k")
     elif task.op == "QKV_ROPE":
         flops = 2 * sum(b - a for a, b in qkv_rows(task)) * _p(task, "k")
-    elif task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        splits = _p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1
-        flops = 4 * _p(task, "group") * _p(task, "head_dim") * -(-_p(task, "max_seq") // splits)
+    elif attn:
+        flops = 4 * _p(task, "group") * _p(task, "head_dim") * positions
     return byts, flops
 
 
