@@ -1,10 +1,10 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits auto (8 at ctx 512),
-prefetch_depth 0, qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64 and gemv/mlp/lm_head rows 16/64/512 run
-llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us for the first defaults (attn_splits 1,
-prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on 132 SMs) runs in 1686 / 2407 us vs
-1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
+prefetch_depth 0, qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows 512 and auto row tiles
+(gemv/mlp rows 16/64 on llama-3.2-1b) run llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us
+for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on
+132 SMs) runs in 1686 / 2407 us vs 1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
 derived from ``KNOBS``. Every knob changes the lowered program, the kernel build or a launch parameter; tests/schedule/test_knobs.py
@@ -49,10 +49,11 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("gemv_rows", int, 16, choices=(4, 8, 16, 32, 64, 128),
-         doc="output rows per GEMV task for o_proj and down_proj (smaller = more, finer tasks)"),
-    Knob("mlp_rows", int, 64, choices=(4, 8, 16, 32, 64, 128),
-         doc="output rows per fused gate/up (SiLU*up) task"),
+    Knob("gemv_rows", int, 0, choices=(0, 4, 8, 16, 32, 64, 128),
+         doc="output rows per GEMV task for o_proj and down_proj (smaller = more, finer tasks); 0 = auto: the "
+             "smallest warp-friendly count whose tiles fit one wave of SMs (16 on llama-3.2-1b, 8 on qwen3-0.6b)"),
+    Knob("mlp_rows", int, 0, choices=(0, 4, 8, 16, 32, 64, 128),
+         doc="output rows per fused gate/up (SiLU*up) task; 0 = auto, as for gemv_rows (64 on llama-3.2-1b)"),
     Knob("lm_head_rows", int, 512, choices=(16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task"),
     Knob("balance_tiles", bool, False, choices=(False, True),

@@ -36,9 +36,10 @@ TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used
 
 
 class _Builder:
-    def __init__(self, dtype: DType, sms: int = 1, balance_tiles: bool = False):
+    def __init__(self, dtype: DType, sms: int = 1, balance_tiles: bool = False, warps: int = 16):
         self.dtype = dtype
         self.sms = sms                   # SMs (persistent blocks) the program runs on
+        self.warps = warps               # warps per block (threads_per_block / 32): the auto row tiles follow it
         self.balance_sms = sms if balance_tiles else 0   # > 0: GEMV-family row tiles in multiples of this many
         self.buffers: list[Buffer] = []
         self.counters: list[Counter] = []
@@ -96,7 +97,31 @@ def _row_tiles(b: _Builder, n: int, rows: int):
         yield lo, hi - lo
 
 
+AUTO_MIN_ROWS = 4   # auto row tiles never go below this: smaller tiles are all fixed per-task cost
+
+
+def auto_rows(n: int, n_sms: int, warps: int) -> int:
+    """Rows per tile for row-tile knob 0 (auto): the smallest warp-friendly count whose tiles fit one wave of
+    ``n_sms`` SMs. Below ``warps`` rows a power of two of at least AUTO_MIN_ROWS (warps split each row's K range
+    evenly), from there a multiple of ``warps`` (every warp owns the same number of rows). Measured on an H100 (docs/PERF.md, sixth and
+    seventh sessions): each model's best fixed size puts ~one tile per SM (qwen3-0.6b 8 / 32, llama-3.2-1b 16 / 64,
+    llama-3.1-8b 32 for o_proj / down); a fixed size tuned on one model is 4-12% off on another."""
+    need = max(1, -(-n // max(1, n_sms)))
+    if need <= warps:
+        r = AUTO_MIN_ROWS
+        while r < need:
+            r *= 2
+        return r
+    return -(-need // warps) * warps
+
+
+def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
+    """Rows per tile of an n-row GEMV-family matrix: the knob's value, or auto_rows for 0."""
+    return knob if knob > 0 else auto_rows(n, n_sms, warps)
+
+
 def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None):
+    rows = rows_for(rows, n, b.sms, b.warps)
     for r0, rn in _row_tiles(b, n, rows):
         ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
         b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
@@ -128,7 +153,7 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label):
     else:
         tmp, ct = b.act(label + "_tmp", n), b.counter(label + "_tmp")
         _gemv(b, x, w, tmp, n, k, cfg.gemv_rows, wait, ct, label)
-        _add(b, tmp, resid, y, n, cfg.gemv_rows, ct, out_c, label + "_add")
+        _add(b, tmp, resid, y, n, rows_for(cfg.gemv_rows, n, b.sms, b.warps), ct, out_c, label + "_add")
 
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
@@ -198,11 +223,12 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                    [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
     wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
     wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
+    mlp_rows = rows_for(cfg.mlp_rows, c.intermediate, b.sms, b.warps)
     # the gate/up tiles' heads into L2 while the latency-bound attention hops run -- on the SMs attention leaves idle
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
         trigger = {"layer": cin, "qkv": c_qkv, "attn": c_attn}[cfg.mlp_prefetch_at]
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
-        for r0, rn in _row_tiles(b, c.intermediate, cfg.mlp_rows):
+        for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             n = min(rn * H, per_matrix)
             b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
                                                  "count_b": n}, [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
@@ -211,7 +237,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     _residual_gemv(b, cfg, attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid, f"L{l}.o_proj")
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
-    for r0, rn in _row_tiles(b, c.intermediate, cfg.mlp_rows):
+    for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
         b.task("GEMV_SILU_MUL", [xin2, wg, wu] + ([nw2] if nw2 is not None else []), [h],
                {"row_start": r0, "row_count": rn, "k": H, "n": c.intermediate, "has_norm": int(nw2 is not None),
                 "eps": c.rms_eps}, [cin2], c_h, f"L{l}.gate_up[{r0}:{r0 + rn}]")
@@ -265,7 +291,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
-    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles)
+    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32)
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),

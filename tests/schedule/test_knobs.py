@@ -59,11 +59,15 @@ BASE = _lower()
 def _check_gemv_rows(p, v):
     for lab in (".o_proj[", ".down["):
         assert _count(p, "GEMV", lab) == C.n_layers * _tiles(C.hidden, v)
-    assert _count(BASE, "GEMV", ".o_proj[") == C.n_layers * _tiles(C.hidden, KNOB_BY_NAME["gemv_rows"].default)
+    assert KNOB_BY_NAME["gemv_rows"].default == 0   # auto: the toy's 96 rows on 132 SMs -> 4-row tiles (the floor)
+    assert _count(BASE, "GEMV", ".o_proj[") == C.n_layers * _tiles(C.hidden, 4)
+    assert _count(_lower(num_sms=2), "GEMV", ".o_proj[") == C.n_layers * 2    # on 2 SMs: 48-row tiles
 
 
 def _check_mlp_rows(p, v):
     assert _count(p, "GEMV_SILU_MUL") == C.n_layers * _tiles(C.intermediate, v)
+    assert _count(BASE, "GEMV_SILU_MUL") == C.n_layers * _tiles(C.intermediate, 4)
+    assert _count(_lower(num_sms=2), "GEMV_SILU_MUL") == C.n_layers * 2       # on 2 SMs: 96-row tiles (176 rows)
 
 
 def _check_lm_head_rows(p, v):
@@ -115,7 +119,7 @@ def _check_fuse_norm(p, v):
 
 def _check_fuse_residual(p, v):
     assert v is False and _count(BASE, "ADD") == 0
-    assert _count(p, "ADD") == 2 * C.n_layers * _tiles(C.hidden, KNOB_BY_NAME["gemv_rows"].default)
+    assert _count(p, "ADD") == 2 * C.n_layers * _tiles(C.hidden, 4)   # gemv_rows auto: 4 rows on the toy
     assert all(t.params.get("has_residual", 0) == 0 for t in p.tasks if t.op == "GEMV")
 
 
@@ -160,7 +164,8 @@ def _check_balance_tiles(p, v):
 
 
 # knobs that act only together with another one: both sides of the comparison carry these values
-REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}}
+# (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
+REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 WIDE = {"mlp_prefetch_kb": load_model("llama-3.2-1b", dtype="bf16", device="meta")}
 
@@ -252,3 +257,29 @@ def test_auto_attn_splits_and_prefetch_gating(max_seq, n_sms, splits, prefetch):
     # an explicit split count is taken as given, capped at one task per position
     assert lower(g, H100, {**cfg, "attn_splits": 3}, max_seq=max_seq).meta["attn_splits"] == 3
     assert lower(g, H100, {**cfg, "attn_splits": 64}, max_seq=32).meta["attn_splits"] == 32
+
+
+@pytest.mark.parametrize("model,n_sms,threads,o_rows,mlp_rows", [
+    ("qwen3-0.6b", 132, 512, 8, 32),       # 1024 / 132 -> 8 (128 tiles); 3072 / 132 = 23.3 -> 32 (16 warps, 96 tiles)
+    ("llama-3.2-1b", 132, 512, 16, 64),    # 128 tiles each: the measured best fixed sizes
+    ("llama-3.2-3b", 132, 512, 32, 64),    # 3072 / 132 = 23.3 -> 32: 96 tiles, not 192 (1.45 waves) of 16
+    ("llama-3.1-8b", 132, 512, 32, 112),   # 14336 / 132 = 108.6 -> 112: 128 tiles
+    ("llama-3.2-1b", 64, 512, 32, 128),    # fewer SMs: bigger tiles
+    ("llama-3.2-1b", 132, 256, 16, 64),    # 8 warps: 62.1 rows -> 64 (a multiple of 8)
+    ("llama-3.2-1b", 100, 256, 24, 88),    # 2048 / 100 = 20.5 -> 24; 8192 / 100 = 81.9 -> 88
+])
+def test_auto_row_tiles_fit_one_wave(model, n_sms, threads, o_rows, mlp_rows):
+    """gemv_rows / mlp_rows 0 (auto): the smallest warp-friendly tile whose count fits one wave of the SMs."""
+    g = load_model(model, dtype="bf16", device="meta")
+    c = g.config
+    p = lower(g, H100, {**defaults(), "num_sms": n_sms, "threads_per_block": threads}, max_seq=64)
+    for op, lab, n, rows in (("GEMV", "L0.o_proj[", c.hidden, o_rows), ("GEMV", "L0.down[", c.hidden, o_rows),
+                             ("GEMV_SILU_MUL", "L0.gate_up[", c.intermediate, mlp_rows)):
+        tiles = [t for t in p.tasks if t.op == op and t.label.startswith(lab)]
+        assert tiles[0].params["row_count"] == rows, lab
+        assert len(tiles) == -(-n // rows) <= n_sms
+        assert sum(t.params["row_count"] for t in tiles) == n
+    # an explicit size is taken as given
+    q = lower(g, H100, {**defaults(), "num_sms": n_sms, "gemv_rows": 4, "mlp_rows": 128}, max_seq=64)
+    assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.o_proj[")} == {4}
+    assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.gate_up[")} == {128}
