@@ -103,9 +103,9 @@ AUTO_MIN_ROWS = 4   # auto row tiles never go below this: smaller tiles are all 
 def auto_rows(n: int, n_sms: int, warps: int) -> int:
     """Rows per tile for row-tile knob 0 (auto): the smallest warp-friendly count whose tiles fit one wave of
     ``n_sms`` SMs. Below ``warps`` rows a power of two of at least AUTO_MIN_ROWS (warps split each row's K range
-    evenly), from there a multiple of ``warps`` (every warp owns the same number of rows). Measured on an H100 (docs/PERF.md, sixth and
-    seventh sessions): each model's best fixed size puts ~one tile per SM (qwen3-0.6b 8 / 32, llama-3.2-1b 16 / 64,
-    llama-3.1-8b 32 for o_proj / down); a fixed size tuned on one model is 4-12% off on another."""
+    evenly), from there a multiple of ``warps`` (every warp owns the same number of rows). Measured on an H100
+    (docs/PERF.md, sixth and seventh sessions): each model's best fixed size puts ~one tile per SM, and the old fixed
+    16 / 64 rows were 3-9% slower than auto on qwen3-0.6b, llama-3.2-3b and llama-3.1-8b."""
     need = max(1, -(-n // max(1, n_sms)))
     if need <= warps:
         r = AUTO_MIN_ROWS
