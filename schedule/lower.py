@@ -121,7 +121,6 @@ def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
 
 
 def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None):
-    rows = rows_for(rows, n, b.sms, b.warps)
     for r0, rn in _row_tiles(b, n, rows):
         ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
         b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
@@ -147,13 +146,14 @@ def _norm_input(b, cfg, x, x_counter, norm_key, c, name):
 
 
 def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label):
-    """y = resid + W x, fused into the tile or as GEMV + ADD tasks."""
+    """y = resid + W x, fused into the tile or as GEMV + ADD tasks (gemv_rows rows per task, 0 = auto)."""
+    rows = rows_for(cfg.gemv_rows, n, b.sms, b.warps)
     if cfg.fuse_residual:
-        _gemv(b, x, w, y, n, k, cfg.gemv_rows, wait, out_c, label, residual=resid)
+        _gemv(b, x, w, y, n, k, rows, wait, out_c, label, residual=resid)
     else:
         tmp, ct = b.act(label + "_tmp", n), b.counter(label + "_tmp")
-        _gemv(b, x, w, tmp, n, k, cfg.gemv_rows, wait, ct, label)
-        _add(b, tmp, resid, y, n, rows_for(cfg.gemv_rows, n, b.sms, b.warps), ct, out_c, label + "_add")
+        _gemv(b, x, w, tmp, n, k, rows, wait, ct, label)
+        _add(b, tmp, resid, y, n, rows, ct, out_c, label + "_add")
 
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
