@@ -81,6 +81,9 @@ __device__ __forceinline__ void amk_attn_copy(char* dst, const char* src, int by
   }
 }
 
+// The tensor-core fast path (uses the copy helpers above).
+#include "ops_attention_mma.cuh"
+
 // acc[k][g] += K_row_k . q_g (k < 2 keys; row1 may be null) for this lane's part (lane `sl` of an 8-lane group).
 // vec (D % T::VE == 0): 16-byte chunks of the rows, q in the chunk-major layout of amk_attn_qidx so that the 8
 // lanes of a group read 128 contiguous bytes of q; else element by element with q as [G][D].
@@ -327,6 +330,16 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   const char* vbase = (const char*)vc + (size_t)kvh * S * D * T::BYTES;
   const int row = D * T::BYTES;
   const bool vec = row % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase);
+#if AMK_ATTN_MMA
+  if constexpr (T::BYTES == 2) {
+    if (vec && amk_attn_mma_ok(G, D, KT)) {
+      const float* qh = q + (int64_t)kvh * G * D;
+      if (D == 64) amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
+      else amk_attn_mma<T, 128>(c, qh, kbase, vbase, G, lo, hi, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
+      return true;
+    }
+  }
+#endif
   const int nt = hi > lo ? (hi - lo + KT - 1) / KT : 0;
   // tile t -> stage t % STAGES: K rows at its start, V rows KT rows later. One commit group per tile (empty past
   // the end), so wait_group<STAGES-1> always means "tile t has landed".

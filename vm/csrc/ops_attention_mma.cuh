@@ -1,0 +1,265 @@
+// Tensor-core decode attention: the fast path of amk_attn_core (ops_attention.cuh) for 2-byte KV caches (bf16,
+// f16), head_dim 64 or 128 and GQA groups of at most 8 heads. Same contract as the generic path: st = (m, l) and
+// o_s (unnormalised) over keys [lo, hi), ending with a barrier.
+//
+// Why: the generic path computes scores and P.V with fp32 FMAs from shared memory and is instruction-bound at long
+// context (~2 us per 128-key tile on an H100 while its bytes need ~1.4 us; docs/PERF.md, fifth session).
+// Here one 16-key chunk costs 4 ldmatrix + 2*D/16 mma for the scores and the same for P.V.
+//
+// Data flow:
+//   * tiles of KT keys stream through the same AMK_ATTN_STAGES cp.async stages (K rows, then V rows at KT rows),
+//     but 16-byte chunk c of row r lands at chunk c ^ (r & 7) of its row (XOR swizzle): the 8 row addresses of one
+//     ldmatrix then hit 8 different bank groups;
+//   * chunk i of 16 keys (counted over the whole task) belongs to warp i % NWARPS, which keeps its own online-
+//     softmax state (m, l, O) in registers across tiles:
+//       S[16 x 16] = Q[16 x D] . K^T          mma m16n8k16; Q rows = the G heads, rows G..15 zero
+//       p = 2^(s * scale * log2 e - m)        per head row = one quad of lanes; p rounded to the cache type
+//       O[16 x D] = O * alpha + P . V          V through ldmatrix.trans
+//     Only rows 0..7 of the M = 16 tile are real (G <= 8): the A registers of rows 8..15 are zero and their
+//     accumulators are dropped;
+//   * at the end the warps' (m, l, O) are merged in fixed warp order through shared memory (O in the stage area,
+//     m and l in the score area), so reruns are bit-identical.
+// Rounding: q and p are rounded to the cache type before the MMA (as a bf16 SDPA does); l sums the rounded p, so
+// the output stays a convex combination of V rows. Scores, softmax state and O accumulate in fp32.
+#pragma once
+#include "common.cuh"
+
+// -DAMK_ATTN_MMA=0 compiles the fast path out (A/B builds; every attention task then takes the generic path).
+#ifndef AMK_ATTN_MMA
+#define AMK_ATTN_MMA 1
+#endif
+
+// (lo, hi) rounded to nearest into one packed pair (one cvt instruction), lo in the low half.
+__device__ __forceinline__ uint32_t amk_pack2(AmkBF16, float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ uint32_t amk_pack2(AmkF16, float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// 2^x on the special-function unit (~2 ulp; 2^-inf = 0). p is rounded to 8 or 11 bits right after.
+__device__ __forceinline__ float amk_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// The two values of a packed pair as the MMA sees them.
+__device__ __forceinline__ float amk_pair_sum(AmkBF16, uint32_t w) {
+  return __uint_as_float(w << 16) + __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ float amk_pair_sum(AmkF16, uint32_t w) { return amk_f16_bits(w & 0xffffu) + amk_f16_bits(w >> 16); }
+
+// d[0..1] += rows 0..7 of A[16 x 16] . B[16 x 8]: a0 = (row g, k 2t..2t+1), a2 = (row g, k 8+2t..) as packed
+// pairs, rows 8..15 of A zero; b0 / b1 = (k 2t.., n g) / (k 8+2t.., n g); d = (row g, n 2t..2t+1).
+__device__ __forceinline__ void amk_mma_rows8(AmkBF16, float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
+                                              uint32_t b1) {
+  asm("{\n.reg .f32 x2, x3;\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, {%6,%7}, "
+      "{%0,%1,%8,%9};\n}"
+      : "+f"(d[0]), "+f"(d[1])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
+}
+__device__ __forceinline__ void amk_mma_rows8(AmkF16, float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
+                                              uint32_t b1) {
+  asm("{\n.reg .f32 x2, x3;\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, {%6,%7}, "
+      "{%0,%1,%8,%9};\n}"
+      : "+f"(d[0]), "+f"(d[1])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void amk_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void amk_ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+// 16-byte KV copy into the swizzled stage; AMK_ATTN_CP_HINT (A/B builds): 1 = L2 evict-first policy, 2 = L2 256-byte
+// prefetch hint.
+#ifndef AMK_ATTN_ONEBAR
+#define AMK_ATTN_ONEBAR 1
+#endif
+static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs at least 2 attention stages");
+#ifndef AMK_ATTN_CP_HINT
+#define AMK_ATTN_CP_HINT 1
+#endif
+__device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
+  if (AMK_ATTN_CP_HINT == 1)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "l"(pol)
+                 : "memory");
+  else if (AMK_ATTN_CP_HINT == 2)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+// Whether the fast path takes a task: KT keys per tile (a multiple of 16); the per-warp m and l fit the score
+// area (G * KT floats), the per-warp O the stage area, and the q fragments (16 * D bytes) the P.V-partials area.
+__device__ __forceinline__ bool amk_attn_mma_ok(int G, int D, int KT) {
+  return AMK_ATTN_MMA && (D == 64 || D == 128) && G >= 1 && G <= 8 && KT % 16 == 0 && KT >= 2 * AMK_NWARPS &&
+         AMK_NWARPS * G * D * 4 <= AMK_ATTN_STAGES * AMK_ATTN_STAGE_BYTES &&
+         amk_attn_rg(D) * (G < AMK_ATTN_GB ? G : AMK_ATTN_GB) >= 4;
+}
+
+// q: this KV head's G query rows [G, D] (fp32, global); kbase / vbase: its cache rows [S, D] (16-byte aligned).
+// o_s [G, D], st [(m, l) x G], sc (score area), qf (the P.V-partials area) and kv (stage area): the op's
+// shared-memory areas (amk_attn_smem).
+template <class T, int D>
+__device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const char* kbase, const char* vbase,
+                                          int G, int lo, int hi, float scale, float* o_s, float* st, float* sc,
+                                          uint2* qf, char* kv) {
+  constexpr int ROW = D * 2, CPR = D / 8, KSTEPS = D / 16, NT = D / 8;  // row bytes, 16-byte chunks, k-steps, n-tiles
+  const int KT = amk_attn_keys(D, 2), CPT = KT / 16;                     // keys and 16-key chunks per tile
+  const int tid = amk_tid(), warp = amk_warp(), lane = amk_lane();
+  const int g = lane >> 2, tq = lane & 3;  // this lane's head row and quad position in the mma fragments
+  const bool gv = g < G;
+  const int nt = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+  const uint64_t pol = AMK_ATTN_CP_HINT == 1 ? amk_policy_evict_first() : 0;
+  auto issue = [&](int t) {  // tile t -> stage t % STAGES, swizzled; one commit group per tile (empty past the end)
+    if (t < nt && !AMK_DBG_NOLOAD) {
+      const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT;
+      char* ks = kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
+      char* vs = ks + KT * ROW;
+      const char* kg = kbase + (size_t)t0 * ROW;
+      const char* vg = vbase + (size_t)t0 * ROW;
+      for (int i = tid; i < tn * CPR; i += AMK_THREADS) {
+        const int r = i / CPR, off = r * ROW + (((i - r * CPR) ^ (r & 7)) << 4);
+        amk_cp_kv16(ks + off, kg + i * 16, pol);
+        amk_cp_kv16(vs + off, vg + i * 16, pol);
+      }
+      // V rows [tn, 16-key boundary) of a short tile: p is 0 there, but 0 * a stale NaN would not be
+      const int tz = (tn + 15) & ~15;
+      for (int i = tn * CPR + tid; i < tz * CPR; i += AMK_THREADS) *(uint4*)(vs + i * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    amk_cp_async_commit();
+  };
+  for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
+  // q rows as A fragments (rounded to T) in shared memory, fragment order [k-step][lane] (8 bytes each: the
+  // row-g pairs of k 2tq.. and 8+2tq..), while the first tiles are in flight; re-read per chunk (registers are
+  // kept for O)
+#pragma unroll
+  for (int s = warp; s < KSTEPS; s += AMK_NWARPS) {
+    float2 x = make_float2(0.f, 0.f), y = x;
+    if (gv) {
+      x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
+      y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
+    }
+    qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+  }
+  amk_mark(c, 1);
+  float o[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = 0.f;
+  float m = -INFINITY, l = 0.f;  // running max (log2 units of the scaled scores) and this lane's part of the sum
+  const float sl2 = scale * 1.4426950408889634f;
+  const uint32_t kv_s = (uint32_t)__cvta_generic_to_shared(kv);
+  // this lane's ldmatrix row inside a 16-key chunk and its chunk-XOR, for K (no trans) and V (trans)
+  const int krow = ((lane >> 4) << 3) + (lane & 7), kx = ((lane >> 3) & 1) ^ (lane & 7);
+  const int vrow = (((lane >> 3) & 1) << 3) + (lane & 7), vx = (lane >> 4) ^ (lane & 7);
+  for (int t = 0; t < nt; ++t) {
+#if AMK_ATTN_ONEBAR
+    amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
+    __syncthreads();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
+    issue(t + AMK_ATTN_STAGES - 1);
+#else
+    issue(t + AMK_ATTN_STAGES - 1);
+    amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
+    __syncthreads();
+#endif
+    const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT, nch = (tn + 15) >> 4;
+    const uint32_t ks = kv_s + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES, vs = ks + KT * ROW;
+    int i = (warp - (t * CPT) % AMK_NWARPS + AMK_NWARPS) % AMK_NWARPS;  // chunk t*CPT + i is this warp's
+    for (; i < nch && !AMK_DBG_NOCOMPUTE; i += AMK_NWARPS) {
+      const int r0 = i * 16;
+      // (1) scores of keys r0 + 2tq.. (s[0], s[1]) and r0 + 8 + 2tq.. (s[2], s[3]) for head row g
+      float s0[2] = {0.f, 0.f}, s1[2] = {0.f, 0.f};
+      const uint32_t kaddr = ks + (r0 + krow) * ROW;
+#pragma unroll
+      for (int s = 0; s < KSTEPS && !(AMK_DBG_SKIP & 1); ++s) {
+        uint32_t b[4];
+        amk_ldsm_x4(b, kaddr + (((2 * s) ^ kx) << 4));
+        const uint2 qv = qf[s * 32 + lane];
+        amk_mma_rows8(T(), s0, qv.x, qv.y, b[0], b[1]);
+        amk_mma_rows8(T(), s1, qv.x, qv.y, b[2], b[3]);
+      }
+      float sv[4] = {s0[0] * sl2, s0[1] * sl2, s1[0] * sl2, s1[1] * sl2};
+      const int kk = r0 + 2 * tq;
+      if (kk >= tn) sv[0] = -INFINITY;
+      if (kk + 1 >= tn) sv[1] = -INFINITY;
+      if (kk + 8 >= tn) sv[2] = -INFINITY;
+      if (kk + 9 >= tn) sv[3] = -INFINITY;
+      // (2) online softmax over the quad that holds row g
+      float alpha = 1.f;
+      uint32_t p0 = 0x3f803f80u, p1 = p0;  // profiling (AMK_DBG_SKIP & 2) only: p = 1 (bf16)
+      if (!(AMK_DBG_SKIP & 2)) {
+        float mx = fmaxf(fmaxf(sv[0], sv[1]), fmaxf(sv[2], sv[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx), base = m_new == -INFINITY ? 0.f : m_new;
+        alpha = amk_ex2(m - base);
+        p0 = amk_pack2(T(), amk_ex2(sv[0] - base), amk_ex2(sv[1] - base));
+        p1 = amk_pack2(T(), amk_ex2(sv[2] - base), amk_ex2(sv[3] - base));
+        l = l * alpha + (amk_pair_sum(T(), p0) + amk_pair_sum(T(), p1));
+        m = m_new;
+      }
+      // (3) O = O * alpha + P . V, two 8-dim n-tiles per ldmatrix.trans
+      const uint32_t vaddr = vs + (r0 + vrow) * ROW;
+#pragma unroll
+      for (int j = 0; j < NT / 2 && !(AMK_DBG_SKIP & 4); ++j) {
+        uint32_t b[4];
+        amk_ldsm_x4_t(b, vaddr + (((2 * j) ^ vx) << 4));
+        o[2 * j][0] *= alpha;
+        o[2 * j][1] *= alpha;
+        o[2 * j + 1][0] *= alpha;
+        o[2 * j + 1][1] *= alpha;
+        amk_mma_rows8(T(), o[2 * j], p0, p1, b[0], b[1]);
+        amk_mma_rows8(T(), o[2 * j + 1], p0, p1, b[2], b[3]);
+      }
+    }
+#if !AMK_ATTN_ONEBAR
+    __syncthreads();  // the stage may be refilled
+#endif
+  }
+  amk_cp_async_wait<0>();
+  __syncthreads();
+  // merge the warps: O_w -> stage area [NWARPS][G][D], (m_w, l_w) -> score area [NWARPS][G] x 2
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float* ow = (float*)kv;
+  float* mw = sc;
+  float* lw = sc + AMK_NWARPS * G;
+  if (gv) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) *(float2*)(ow + (warp * G + g) * D + 8 * n + 2 * tq) = make_float2(o[n][0], o[n][1]);
+    if (tq == 0) {
+      mw[warp * G + g] = m;
+      lw[warp * G + g] = l;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < G * D; idx += AMK_THREADS) {
+    const int h = idx / D, d = idx - h * D;
+    float mm = -INFINITY;
+    for (int w = 0; w < AMK_NWARPS; ++w) mm = fmaxf(mm, mw[w * G + h]);
+    float os = 0.f, ls = 0.f;
+    for (int w = 0; w < AMK_NWARPS; ++w) {
+      const float mv = mw[w * G + h], wt = mv == -INFINITY ? 0.f : amk_ex2(mv - mm);
+      os = fmaf(wt, ow[(w * G + h) * D + d], os);
+      ls = fmaf(wt, lw[w * G + h], ls);
+    }
+    o_s[idx] = os;
+    if (d == 0) {
+      st[h] = mm == -INFINITY ? -INFINITY : mm * 0.6931471805599453f;  // back to natural units of score * scale
+      st[G + h] = ls;
+    }
+  }
+  __syncthreads();
+}
