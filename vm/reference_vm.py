@@ -5,7 +5,9 @@
   satisfied runs that task (exactly what the GPU may do). No runnable head with work left = deadlock -> error.
 * Activation and output buffers are poisoned with NaN before each step, so a missing dependency shows up as NaN.
 * The KV cache persists across steps; weights are kept in their own dtype and upcast per tile (like the GPU),
-  K/V are rounded to the cache dtype when appended (like the GPU).
+  K/V are rounded to the cache dtype when appended (like the GPU). Attention is exact fp32 math here; the GPU's
+  tensor-core path for 2-byte caches also rounds q and the softmax weights to the cache type (a bf16 SDPA does the
+  same), which the GPU tests' 2-byte tolerances cover (tests/vm/test_attention_gpu.py).
 
 Usage::
 

@@ -2,6 +2,8 @@
 //   ATTN_DECODE:  out[(kvh*G+g)*hd + d] = softmax(q.K^T * scale) V       (positions [lo, pos], lo from the window)
 //   ATTN_PARTIAL: partial row (m, l, o[hd]) of split `split` of n_splits (unnormalised; empty split: -inf, 0, 0)
 //   ATTN_MERGE:   out = sum_s o_s e^(m_s-m) / sum_s l_s e^(m_s-m), m = max_s m_s
+// 2-byte caches with head_dim 64 / 128 and G <= 8 take the tensor-core path (ops_attention_mma.cuh, included
+// below); everything else the generic fp32 path of this file.
 // KV cache: [n_kv, max_seq, hd] in the cache dtype. Rows at pos are written this launch, so they are read through L2
 // only (cp.async.cg / ld.global.cg), never the non-coherent path.
 //

@@ -4,7 +4,9 @@
 //
 // Why: the generic path computes scores and P.V with fp32 FMAs from shared memory and is instruction-bound at long
 // context (~2 us per 128-key tile on an H100 while its bytes need ~1.4 us; docs/PERF.md, fifth session).
-// Here one 16-key chunk costs 4 ldmatrix + 2*D/16 mma for the scores and the same for P.V.
+// Here one 16-key chunk costs D/16 ldmatrix + D/8 mma for the scores and the same for P.V. On llama-3.2-1b at ctx
+// 32768 that was 16% faster than the generic path (interleaved A/B), and the copy changes below 5% more
+// (docs/PERF.md, eighth session).
 //
 // Data flow:
 //   * tiles of KT keys stream through the same AMK_ATTN_STAGES cp.async stages (K rows, then V rows at KT rows),
@@ -13,7 +15,7 @@
 //   * chunk i of 16 keys (counted over the whole task) belongs to warp i % NWARPS, which keeps its own online-
 //     softmax state (m, l, O) in registers across tiles:
 //       S[16 x 16] = Q[16 x D] . K^T          mma m16n8k16; Q rows = the G heads, rows G..15 zero
-//       p = 2^(s * scale * log2 e - m)        per head row = one quad of lanes; p rounded to the cache type
+//       p = 2^(s * scale * log2 e - m)        per head row = one quad of lanes (ex2.approx); p rounded to T
 //       O[16 x D] = O * alpha + P . V          V through ldmatrix.trans
 //     Only rows 0..7 of the M = 16 tile are real (G <= 8): the A registers of rows 8..15 are zero and their
 //     accumulators are dropped;
@@ -81,8 +83,10 @@ __device__ __forceinline__ void amk_ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
-// 16-byte KV copy into the swizzled stage; AMK_ATTN_CP_HINT (A/B builds): 1 = L2 evict-first policy, 2 = L2 256-byte
-// prefetch hint.
+// Build switches, defaults measured on an H100 (docs/PERF.md, eighth session; llama-3.2-1b ctx 32768):
+//   AMK_ATTN_ONEBAR  1: one barrier per tile, the stage refill issued after the barrier that publishes the tile
+//                    (-1.1% vs 0: refill before the wait, a second barrier after the math);
+//   AMK_ATTN_CP_HINT 1: KV copies with an L2 evict-first policy (-5.5% vs 0: no hint; 2: 256-byte L2 prefetch, -1.4%).
 #ifndef AMK_ATTN_ONEBAR
 #define AMK_ATTN_ONEBAR 1
 #endif
@@ -90,6 +94,7 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 #ifndef AMK_ATTN_CP_HINT
 #define AMK_ATTN_CP_HINT 1
 #endif
+// One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
   if (AMK_ATTN_CP_HINT == 1)
