@@ -55,23 +55,20 @@ __device__ __forceinline__ float amk_pair_sum(AmkBF16, uint32_t w) {
 __device__ __forceinline__ float amk_pair_sum(AmkF16, uint32_t w) { return amk_f16_bits(w & 0xffffu) + amk_f16_bits(w >> 16); }
 
 // d[0..1] += rows 0..7 of A[16 x 16] . B[16 x 8]: a0 = (row g, k 2t..2t+1), a2 = (row g, k 8+2t..) as packed
-// pairs, rows 8..15 of A zero; b0 / b1 = (k 2t.., n g) / (k 8+2t.., n g); d = (row g, n 2t..2t+1).
-__device__ __forceinline__ void amk_mma_rows8(AmkBF16, float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
-                                              uint32_t b1) {
-  asm("{\n.reg .f32 x2, x3;\n"
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, {%6,%7}, "
-      "{%0,%1,%8,%9};\n}"
-      : "+f"(d[0]), "+f"(d[1])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
-}
-__device__ __forceinline__ void amk_mma_rows8(AmkF16, float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,
-                                              uint32_t b1) {
-  asm("{\n.reg .f32 x2, x3;\n"
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, {%6,%7}, "
-      "{%0,%1,%8,%9};\n}"
-      : "+f"(d[0]), "+f"(d[1])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
-}
+// pairs, rows 8..15 of A zero; b0 / b1 = (k 2t.., n g) / (k 8+2t.., n g); d = (row g, n 2t..2t+1). One overload
+// per element type TAG with PTX type name PTX.
+#define AMK_MMA_ROWS8(TAG, PTX)                                                                                 \
+  __device__ __forceinline__ void amk_mma_rows8(TAG, float (&d)[2], uint32_t a0, uint32_t a2, uint32_t b0,    \
+                                                uint32_t b1) {                                                \
+    asm("{\n.reg .f32 x2, x3;\n"                                                                               \
+        "mma.sync.aligned.m16n8k16.row.col.f32." PTX "." PTX ".f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, {%6,%7}, "     \
+        "{%0,%1,%8,%9};\n}"                                                                                    \
+        : "+f"(d[0]), "+f"(d[1])                                                                              \
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));                          \
+  }
+AMK_MMA_ROWS8(AmkBF16, "bf16")
+AMK_MMA_ROWS8(AmkF16, "f16")
+#undef AMK_MMA_ROWS8
 
 // Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8, row l % 8.
 __device__ __forceinline__ void amk_ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
