@@ -68,6 +68,11 @@ KNOBS: tuple[Knob, ...] = (
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
              "0 = auto: 8 for KV caches of up to 2048 positions, else SMs // n_kv_heads (one wave of attention "
              "tasks, at least 8)"),
+    Knob("fuse_attn_merge", bool, False, choices=(False, True),
+         doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
+             "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
+             "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
+             "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
     Knob("sm_assignment", str, "list", choices=("list", "lpt", "round_robin"),
          doc="task->SM policy: 'list' = dependency-aware earliest finish, 'lpt' = balance bytes greedily, "
              "'round_robin' = task i on SM i mod n"),

@@ -5,8 +5,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
     EMBED -> x0
     per layer l:   [RMSNORM]                    (only when fuse_norm=False)
                    QKV_ROPE tiles per head      -> q_l, K/V cache append   counter qkv[l][kv_head]
-                   ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits -> ATTN_MERGE)   waits qkv[l][its head]
-                   GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False)
+                   ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits [-> ATTN_MERGE]) waits qkv[l][its head]
+                   GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False);
+                                                   with fuse_attn_merge each o_proj task merges the partials itself
                    [L2_PREFETCH per gate/up tile: the tile's first mlp_prefetch_kb KB into L2, released by
                     the layer input, the last QKV group or attention (mlp_prefetch_at): HBM is mostly idle
                     during the attention hops]
@@ -36,8 +37,10 @@ TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used
 
 
 class _Builder:
-    def __init__(self, dtype: DType, sms: int = 1, balance_tiles: bool = False, warps: int = 16):
+    def __init__(self, dtype: DType, sms: int = 1, balance_tiles: bool = False, warps: int = 16,
+                 smem_per_block: int = 1 << 30):
         self.dtype = dtype
+        self.smem_per_block = smem_per_block   # the target's opt-in shared memory per block, bytes
         self.sms = sms                   # SMs (persistent blocks) the program runs on
         self.warps = warps               # warps per block (threads_per_block / 32): the auto row tiles follow it
         self.balance_sms = sms if balance_tiles else 0   # > 0: GEMV-family row tiles in multiples of this many
@@ -45,6 +48,12 @@ class _Builder:
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
         self.by_source: dict[str, int] = {}
+
+    def merged_x_fits(self, k: int, rows: int, partial: int) -> bool:
+        """Whether a GEMV that merges ``partial`` attention-partial floats into its x (k) fits shared memory with its
+        staged residual rows (vm/smem.py: the GEMV area)."""
+        pad4 = lambda n: (n + 3) & ~3  # noqa: E731
+        return 4 * (pad4(k) + pad4(rows) + pad4(partial)) <= self.smem_per_block
 
     def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
         b = Buffer(len(self.buffers), name, kind, dtype, tuple(shape), source, space, data)
@@ -120,12 +129,14 @@ def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
     return knob if knob > 0 else auto_rows(n, n_sms, warps)
 
 
-def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None):
+def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None, merge=None):
+    """GEMV row tiles of y = W x (+ residual). merge: {x_splits, x_group, x_head_dim} when x is the split-KV
+    attention partials, merged by each tile while it stages its input."""
     for r0, rn in _row_tiles(b, n, rows):
         ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
         b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
                                   "has_norm": int(norm_w is not None), "has_bias": 0,
-                                  "has_residual": int(residual is not None), "eps": eps},
+                                  "has_residual": int(residual is not None), "eps": eps, **(merge or {})},
                [wait], out_c, f"{label}[{r0}:{r0 + rn}]")
 
 
@@ -145,14 +156,14 @@ def _norm_input(b, cfg, x, x_counter, norm_key, c, name):
     return xn, cn, None
 
 
-def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label):
+def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None):
     """y = resid + W x, fused into the tile or as GEMV + ADD tasks (gemv_rows rows per task, 0 = auto)."""
     rows = rows_for(cfg.gemv_rows, n, b.sms, b.warps)
     if cfg.fuse_residual:
-        _gemv(b, x, w, y, n, k, rows, wait, out_c, label, residual=resid)
+        _gemv(b, x, w, y, n, k, rows, wait, out_c, label, residual=resid, merge=merge)
     else:
         tmp, ct = b.act(label + "_tmp", n), b.counter(label + "_tmp")
-        _gemv(b, x, w, tmp, n, k, rows, wait, ct, label)
+        _gemv(b, x, w, tmp, n, k, rows, wait, ct, label, merge=merge)
         _add(b, tmp, resid, y, n, rows, ct, out_c, label + "_add")
 
 
@@ -180,7 +191,6 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     q = b.act(f"q{l}", c.n_heads * hd)
     kc = b.buf(f"k_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
     vc = b.buf(f"v_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
-    attn = b.act(f"attn{l}", c.n_heads * hd)
     wq = b.weight(p + "self_attn.q_proj.weight", (c.n_heads * hd, H))
     wk = b.weight(p + "self_attn.k_proj.weight", (nkv * hd, H))
     wv = b.weight(p + "self_attn.v_proj.weight", (nkv * hd, H))
@@ -189,6 +199,12 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
     c_attn = b.counter(f"attn{l}")
     partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
+    # o_proj merges the partials itself (no ATTN_MERGE hop) where they fit its shared memory next to x and the
+    # residual rows (the loader checks the launch's total)
+    o_rows = rows_for(cfg.gemv_rows, H, b.sms, b.warps)
+    fits = b.merged_x_fits(c.n_heads * hd, o_rows, nkv * splits * G * (hd + 2))
+    merge = {"x_splits": splits, "x_group": G, "x_head_dim": hd} if splits > 1 and cfg.fuse_attn_merge and fits else None
+    attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
     for kvh in range(nkv):
@@ -214,6 +230,10 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         ains = [q, kc, vc, io["pos"]]
         if splits == 1:
             b.task("ATTN_DECODE", ains, [attn], ap, [c_qkv], c_attn, f"L{l}.attn[g{kvh}]")
+        elif merge:   # every partial signals the layer's attention counter; o_proj waits for all of them
+            for sp in range(splits):
+                b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
+                       [c_qkv], c_attn, f"L{l}.attn[g{kvh}.s{sp}]")
         else:
             c_part = b.counter(f"attn_part{l}.g{kvh}")
             for sp in range(splits):
@@ -234,7 +254,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                                                  "count_b": n}, [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
     xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
     wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
-    _residual_gemv(b, cfg, attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid, f"L{l}.o_proj")
+    _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,
+                   f"L{l}.o_proj", merge=merge)
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
     for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
@@ -291,7 +312,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
-    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32)
+    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),

@@ -145,6 +145,8 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
             n *= positions
         elif task.op == "EMBED" and a.slot == "table":
             n = _p(task, "col_count")                          # one row of the table, not all of it
+        elif a.slot == "x" and int(task.params.get("x_splits", 0)) > 0:
+            n = _p(task, "k")   # merged attention partials: L2-resident like any activation, counted as the x they make
         byts += n * itemsize(a.buffer)
     flops = 0
     if task.op in ("GEMV", "GEMV_SILU_MUL"):

@@ -13,7 +13,7 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 # iparams that may be omitted (packed as 0): the optional-input flags and the sliding window.
-DEFAULTED_IPARAMS = {"window", "pair_start", "pair_count"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
+DEFAULTED_IPARAMS = {"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
                        ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
@@ -171,7 +171,18 @@ class TaskChecks:
         elif op in ("GEMV", "GEMV_SILU_MUL"):
             r0, rn, K, N = P["row_start"], P["row_count"], P["k"], P["n"]
             need(r0 >= 0 and rn >= 1 and r0 + rn <= N, f"rows [{r0}, {r0 + rn}) outside [0, n={N})")
-            need(K == numel("x"), f"k={K} != x size {numel('x')}")
+            xsp, xg, xd = (int(P.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim"))
+            if xsp > 0:   # x = split-KV attention partials [k / (G*hd), x_splits, G, hd + 2], merged while staged
+                need(xg >= 1 and xd >= 1 and K % (xg * xd) == 0,
+                     f"x_group {xg} x x_head_dim {xd} must be >= 1 and divide k={K}")
+                if xg >= 1 and xd >= 1:
+                    want = K // (xg * xd) * xsp * xg * (xd + 2)
+                    need(numel("x") == want, f"merged x: partial buffer of {numel('x')} elements, want "
+                                             f"{want} = k / (x_group*x_head_dim) * x_splits * x_group * (x_head_dim+2)")
+                need("norm_w" not in s, "x_splits with has_norm: a merged input cannot be RMS-normalised")
+            else:
+                need(xsp == 0 and xg == 0 and xd == 0, f"x_splits {xsp} must be >= 0 (x_group / x_head_dim only with it)")
+                need(K == numel("x"), f"k={K} != x size {numel('x')}")
             for w in ("w", "w_gate", "w_up"):
                 if w in s:
                     need(shape(w) == (N, K), f"'{w}' shape {shape(w)} != (n, k) = ({N}, {K})")

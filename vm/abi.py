@@ -78,9 +78,13 @@ _OPS = [
     OpSpec("EMBED", 1, "embed", ("table", "token"), ("x",), ("col_start", "col_count", "vocab", "hidden")),
     # y = x * rsqrt(mean(x^2) + eps) * w
     OpSpec("RMSNORM", 2, "norm", ("x", "w"), ("y",), ("n",), ("eps",)),
-    # y[r] = residual[r] + bias[r] + W[r,:] . f(x),  f = rmsnorm(.)*norm_w if has_norm else identity
+    # y[r] = residual[r] + bias[r] + W[r,:] . f(x),  f = rmsnorm(.)*norm_w if has_norm else identity.
+    # x_splits > 0: x is not a vector but the split-KV attention partials [k / (x_group*x_head_dim), x_splits,
+    # x_group, x_head_dim + 2] (rows (m, l, o)), merged by online softmax while staged (ATTN_MERGE's math, fused
+    # into o_proj so attention needs no merge task)
     OpSpec("GEMV", 3, "gemv", ("x", "w"), ("y",),
-           ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual"), ("eps",),
+           ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual", "x_splits", "x_group",
+            "x_head_dim"), ("eps",),
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual"))),
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),

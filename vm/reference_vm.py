@@ -38,8 +38,22 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean() + eps) * w.float()
 
 
+def _merge_partials(parts: torch.Tensor) -> torch.Tensor:
+    # parts: [ns, G, hd+2] rows (m, l, o[hd]) of one KV head's splits -> [G, hd]: sum_s o_s e^(m_s-m) / sum_s l_s e^(m_s-m)
+    m = parts[:, :, 0].max(0).values                              # [G]
+    scale = torch.exp(parts[:, :, 0] - m[None])                    # [ns, G]; exp(-inf) = 0 for empty splits
+    l = (parts[:, :, 1] * scale).sum(0)
+    o = (parts[:, :, 2:] * scale[:, :, None]).sum(0)
+    return o / l[:, None]
+
+
 def _gemv_input(vm, task, s) -> torch.Tensor:
     x = vm.buf(s["x"])
+    ns = int(task.params.get("x_splits", 0))
+    if ns:   # x holds split-KV attention partials [n_kv, ns, G, hd+2]: merged here (ATTN_MERGE fused into o_proj)
+        G, hd = int(task.params["x_group"]), int(task.params["x_head_dim"])
+        parts = x.view(-1, ns, G, hd + 2)
+        x = torch.stack([_merge_partials(parts[g]) for g in range(parts.shape[0])]).reshape(-1)
     if task.params.get("has_norm"):
         x = _rmsnorm(x, vm.buf(s["norm_w"]), float(task.params["eps"]))
     return x
@@ -182,11 +196,7 @@ def op_attn_merge(vm, t):
     s = slot_map(t)
     g, G, hd, ns = (int(t.params[k]) for k in ("kv_head", "group", "head_dim", "n_splits"))
     parts = vm.buf(s["partial"]).view(-1, ns, G, hd + 2)[g]      # [ns, G, hd+2]
-    m = parts[:, :, 0].max(0).values                              # [G]
-    scale = torch.exp(parts[:, :, 0] - m[None])                    # [ns, G]; exp(-inf) = 0 for empty splits
-    l = (parts[:, :, 1] * scale).sum(0)
-    o = (parts[:, :, 2:] * scale[:, :, None]).sum(0)
-    vm.buf(s["out"])[g * G * hd:(g + 1) * G * hd] = (o / l[:, None]).reshape(-1)
+    vm.buf(s["out"])[g * G * hd:(g + 1) * G * hd] = _merge_partials(parts).reshape(-1)
 
 
 def op_add(vm, t):

@@ -43,6 +43,15 @@ def stash_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int
     return _pad4(_stream_rows(task) * nmat * wpr)
 
 
+def merged_x_floats(p: dict) -> int:
+    """Elements of the attention-partials buffer a GEMV with x_splits > 0 merges into its x (0 otherwise): mirror
+    of amk_merged_x_floats in vm/csrc/ops_gemv.cuh."""
+    ns, G, hd = (int(p.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim"))
+    if ns <= 0 or G <= 0 or hd <= 0:
+        return 0
+    return int(p["k"]) // (G * hd) * ns * G * (hd + 2)
+
+
 def norm_floats(task) -> int:
     """Floats after a task's op area holding its fused RMSNorm weight, staged before its wait -- mirror of
     amk_norm_floats in vm/csrc/ops_embed_norm.cuh."""
@@ -82,8 +91,9 @@ def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tu
     stash = stash_floats(task, threads, weight_bytes, stage_bytes)
     if task.op == "RMSNORM":
         return _pad4(int(p["n"]))
-    if task.op == "GEMV":  # x | stash | staged residual rows
-        return _pad4(int(p["k"])) + stash + (_pad4(int(p["row_count"])) if int(p.get("has_residual", 0)) else 0)
+    if task.op == "GEMV":  # x | stash | staged residual rows | the attention partials of a merged x
+        return (_pad4(int(p["k"])) + stash + (_pad4(int(p["row_count"])) if int(p.get("has_residual", 0)) else 0)
+                + _pad4(merged_x_floats(p)))
     if task.op == "GEMV_SILU_MUL":
         return _pad4(int(p["k"])) + stash
     if task.op == "QKV_ROPE":

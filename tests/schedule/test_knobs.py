@@ -100,6 +100,25 @@ def _check_attn_splits(p, v):
     assert _count(p, "ATTN_DECODE") == 0
 
 
+def _check_fuse_attn_merge(p, v):
+    assert v is True
+    splits = BASE.meta["attn_splits"]
+    assert splits > 1 and _count(BASE, "ATTN_MERGE") == C.n_kv_heads * C.n_layers
+    assert _count(p, "ATTN_MERGE") == 0
+    assert _count(p, "ATTN_PARTIAL") == _count(BASE, "ATTN_PARTIAL") == splits * C.n_kv_heads * C.n_layers
+    # fused: o_proj reads the partial buffer and waits on the counter every partial of its layer signals
+    for l in range(C.n_layers):
+        o_f = [t for t in p.tasks if t.label.startswith(f"L{l}.o_proj[")]
+        o_b = [t for t in BASE.tasks if t.label.startswith(f"L{l}.o_proj[")]
+        part = [t for t in p.tasks if t.op == "ATTN_PARTIAL" and t.label.startswith(f"L{l}.")]
+        assert {p.buffers[t.inputs[0]].name for t in o_f} == {f"attn_partial{l}"}
+        assert {t.params["x_splits"] for t in o_f} == {splits}
+        assert {t.waits[0].counter for t in o_f} == {t.out_counter for t in part}
+        assert all(w.threshold == len(part) for t in o_f for w in t.waits)
+        assert {BASE.buffers[t.inputs[0]].name for t in o_b} == {f"attn{l}"}
+        assert all(t.params.get("x_splits", 0) == 0 for t in o_b)
+
+
 def _check_sm_assignment(p, v):
     assert [t.sm for t in p.tasks] != [t.sm for t in BASE.tasks]
     if v == "round_robin":
@@ -173,7 +192,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
-              "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles}
+              "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles,
+              "fuse_attn_merge": _check_fuse_attn_merge}
 
 
 def test_every_knob_has_an_alternative_value():
@@ -283,3 +303,24 @@ def test_auto_row_tiles_fit_one_wave(model, n_sms, threads, o_rows, mlp_rows):
     q = lower(g, H100, {**defaults(), "num_sms": n_sms, "gemv_rows": 4, "mlp_rows": 128}, max_seq=64)
     assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.o_proj[")} == {4}
     assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.gate_up[")} == {128}
+
+
+@pytest.mark.parametrize("model,splits,smem,fused", [
+    ("llama-3.2-1b", 8, 232448, True),      # 8 x 8 x 4 x 66 floats = 67.6 KB of partials + x + rows: fits
+    ("llama-3.2-1b", 16, 232448, True),     # 135 KB
+    ("llama-3.1-8b", 16, 232448, False),    # 8 x 16 x 4 x 130 floats = 266 KB: ATTN_MERGE tasks stay
+    ("llama-3.2-1b", 8, 65536, False),      # a 64 KB target: ATTN_MERGE tasks stay
+])
+def test_attn_merge_is_fused_only_where_the_partials_fit(model, splits, smem, fused):
+    import dataclasses
+    g = load_model(model, dtype="bf16", device="meta")
+    target = dataclasses.replace(H100, smem_per_block=smem)
+    p = lower(g, target, {**defaults(), "attn_splits": splits, "fuse_attn_merge": True}, max_seq=4096)
+    nkv, nl = g.config.n_kv_heads, g.config.n_layers
+    o = [t for t in p.tasks if ".o_proj[" in t.label]
+    if fused:
+        assert _count(p, "ATTN_MERGE") == 0 and all(t.params["x_splits"] == splits for t in o)
+        floats = o[0].params["k"] + o[0].params["row_count"] + nkv * splits * g.config.group * (g.config.head_dim + 2)
+        assert 4 * floats <= smem
+    else:
+        assert _count(p, "ATTN_MERGE") == nkv * nl and all(t.params.get("x_splits", 0) == 0 for t in o)

@@ -329,7 +329,8 @@ def test_garbage_inside_a_program_object_never_raises():
 TOY_CONFIGS = [dict(), dict(num_sms=1), dict(num_sms=8, sm_assignment="round_robin", attn_splits=3),
                dict(num_sms=5, fuse_norm=False, fuse_residual=False, sm_assignment="lpt"),
                dict(num_sms=16, gemv_rows=4, mlp_rows=8, lm_head_rows=16, qkv_heads=2),
-               dict(num_sms=7, attn_splits=64, qkv_heads=4)]
+               dict(num_sms=7, attn_splits=64, qkv_heads=4),
+               dict(num_sms=6, attn_splits=3, fuse_attn_merge=True, fuse_residual=False)]
 
 
 @pytest.fixture(scope="module")
@@ -402,3 +403,26 @@ def test_attention_reading_a_cache_not_appended_this_step_is_rejected(toy):
     attn = next(t for t in p.tasks if t.op == "ATTN_DECODE" and t.label.startswith("L0."))
     attn.inputs[1] = p.buffer("k_cache1").id                          # layer 0 attention reads layer 1's keys
     rejected(p, f"task {attn.id} (ATTN_DECODE", "'k_cache1'", "append has not written")
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"x_splits": 2}, "merged x: partial buffer of"),             # the partials were written for 3 splits
+    ({"x_group": 4}, "must be >= 1 and divide k"),                # 4 x 16 does not divide k = 96
+    ({"x_head_dim": 0}, "must be >= 1 and divide k"),
+    ({"x_splits": -1}, "x_splits -1 must be >= 0"),
+    ({"x_splits": 0}, "!= x size"),                                # a plain x of k elements it is not
+    ({"has_norm": 1}, "cannot be RMS-normalised"),
+])
+def test_merged_x_gemv_params_are_checked(toy, change, needle):
+    """o_proj tiles that merge the split-KV partials (fuse_attn_merge) name the bad param and the buffer sizes."""
+    from schedule.lower import lower
+    base = lower(toy, TARGETS["h100"], ScheduleConfig(attn_splits=3, fuse_attn_merge=True), max_seq=64)
+    assert validate(base).ok
+    p = clone(base)
+    o = next(t for t in p.tasks if ".o_proj[" in t.label)
+    assert o.params["x_splits"] == 3 and p.buffers[o.inputs[0]].name.startswith("attn_partial")
+    o.params.update(change)
+    if change.get("has_norm"):
+        o.inputs.insert(2, o.inputs[1])   # a norm weight slot (any buffer): the flag changes the arity
+        o.params["eps"] = 1e-5
+    rejected(p, f"task {o.id} (GEMV L0.o_proj", needle)

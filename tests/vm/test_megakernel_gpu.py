@@ -30,6 +30,9 @@ EXTRA = {
     "hd256": ModelConfig("llama", 211, 64, 96, 1, 8, 1, 256, 1e-5, 10000.0, None, False, max_position=700),
     # big enough for several weight-ring stages per task (QKV tile 256 KB in bf16, gate/up 128 KB, down 64 KB)
     "wide": ModelConfig("llama", 500, 1024, 2048, 1, 8, 2, 128, 1e-5, 10000.0, None, False, max_position=700),
+    # 5 kv heads of one query head, head_dim 8: 3 splits give 5 x 3 x 10 = 150 partial floats (not a multiple of
+    # 4), so o_proj merges them through its scalar copy path
+    "merge-odd": ModelConfig("llama", 97, 40, 64, 1, 5, 5, 8, 1e-5, 10000.0, None, False, max_position=700),
 }
 CONFIGS = {
     "default": {"num_sms": 8},
@@ -247,6 +250,29 @@ def test_l2_prefetch_tasks_leave_results_bit_identical(at):
     ref = ReferenceVM(prog, g.weights)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     assert rel_err(outs[2][-1], torch.stack([ref.step(3 + i, i).clone() for i in range(3)])[-1]) <= 2e-3
+
+
+@pytest.mark.parametrize("name,dtype,splits", [("llama-untied", "f32", 3), ("wide", "bf16", 8),
+                                               ("hd128", "bf16", 5), ("merge-odd", "f32", 3)])
+def test_attn_merge_in_o_proj_is_bit_identical_to_merge_tasks(name, dtype, splits):
+    """fuse_attn_merge: o_proj merging the split-KV partials while it stages x gives the same bits as ATTN_MERGE
+    tasks (one definition of the merge arithmetic), and matches the ReferenceVM."""
+    from vm.loader import MegakernelVM
+    g = graph(name, dtype)
+    outs = []
+    for fuse in (True, False):
+        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "attn_splits": splits, "fuse_attn_merge": fuse},
+                     max_seq=48)
+        assert any(t.op == "ATTN_MERGE" for t in prog.tasks) != fuse
+        assert any(t.params.get("x_splits", 0) == splits for t in prog.tasks) == fuse
+        vm = MegakernelVM(prog, g.weights)
+        outs.append(torch.stack([vm.step(3 + i, 5 * i).clone() for i in range(4)]))
+        if fuse:
+            ref = ReferenceVM(prog, g.weights)
+            want = torch.stack([ref.step(3 + i, 5 * i).clone() for i in range(4)])
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[0], want) <= (1e-5 if dtype == "f32" else 2e-2)
 
 
 def test_layout_drift_refuses_launch(monkeypatch):

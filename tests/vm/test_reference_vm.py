@@ -14,7 +14,8 @@ from vm.reference_vm import ReferenceVM, VMError
 
 CONFIGS = [{}, {"attn_splits": 3, "qkv_heads": 2, "gemv_rows": 8, "sm_assignment": "lpt", "num_sms": 7},
            {"fuse_norm": False, "fuse_residual": False, "mlp_rows": 64, "sm_assignment": "round_robin",
-            "num_sms": 5}]
+            "num_sms": 5},
+           {"attn_splits": 4, "fuse_attn_merge": True, "num_sms": 6}]   # o_proj merges the partials
 
 
 @pytest.mark.parametrize("family", sorted(SMALL_CONFIGS))
@@ -85,3 +86,17 @@ def test_missing_and_misshapen_weights():
     w["model.norm.weight"] = torch.ones(3)
     with pytest.raises(VMError, match=r"has shape \(3,\), program expects \(96,\)"):
         ReferenceVM(prog, w)
+
+
+@pytest.mark.parametrize("family", sorted(SMALL_CONFIGS))
+def test_attn_merge_in_o_proj_matches_merge_tasks(family):
+    """fuse_attn_merge (o_proj merges the split-KV partials) computes exactly what ATTN_MERGE tasks + o_proj do."""
+    g = small_graph(family, seed=8)
+    out = []
+    for fuse in (True, False):
+        prog = lower(g, TARGETS["h100"], {"attn_splits": 3, "fuse_attn_merge": fuse}, max_seq=40)
+        assert any(t.op == "ATTN_MERGE" for t in prog.tasks) != fuse
+        vm = ReferenceVM(prog, g.weights, seed=1)
+        out.append(torch.stack([vm.step(5 + i, 3 * i).clone() for i in range(5)]))
+    assert torch.isfinite(out[0]).all()
+    assert torch.equal(out[0], out[1])

@@ -23,9 +23,9 @@
 #include "stream.cuh"
 #include "preload.cuh"
 #include "ops_embed_norm.cuh"
+#include "ops_attention.cuh"
 #include "ops_gemv.cuh"
 #include "ops_qkv.cuh"
-#include "ops_attention.cuh"
 #include "ops_misc.cuh"
 
 // Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
@@ -36,7 +36,8 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
     case AMK_OP_RMSNORM: return amk_pad4(in.ip[AMK_RMSNORM_IP_N]);
     case AMK_OP_GEMV:
       return amk_pad4(in.ip[AMK_GEMV_IP_K]) + stash +
-             (in.ip[AMK_GEMV_IP_HAS_RESIDUAL] ? amk_pad4(in.ip[AMK_GEMV_IP_ROW_COUNT]) : 0);
+             (in.ip[AMK_GEMV_IP_HAS_RESIDUAL] ? amk_pad4(in.ip[AMK_GEMV_IP_ROW_COUNT]) : 0) +
+             amk_pad4(amk_merged_x_floats(in));
     case AMK_OP_GEMV_SILU_MUL: return amk_pad4(in.ip[AMK_GEMV_SILU_MUL_IP_K]) + stash;
     case AMK_OP_QKV_ROPE:
       return amk_pad4(in.ip[AMK_QKV_ROPE_IP_K]) +

@@ -57,18 +57,6 @@ __host__ __device__ __forceinline__ AmkAttnSmem amk_attn_smem(int G, int D) {
   return a;
 }
 
-__device__ __forceinline__ void amk_cp_async16(void* dst_smem, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst_smem)),
-               "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void amk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void amk_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Copies `bytes` bytes from global src into shared dst, split over the block: 16-byte cp.async when both ends and
 // the length allow (vec), else 2- or 4-byte coherent loads (synchronous; visible after the caller's barrier).
 template <class T>
@@ -81,6 +69,31 @@ __device__ __forceinline__ void amk_attn_copy(char* dst, const char* src, int by
     for (int i = amk_tid(); i < bytes / 2; i += AMK_THREADS)
       ((unsigned short*)dst)[i] = __ldcg((const unsigned short*)src + i);
   }
+}
+
+// Element (g, d) of the merge of one KV head's ns split partials (rows (m, l, o[D]) at base + (s*G + g)*(D+2)):
+// sum_s o_s[d] e^(m_s - m) / sum_s l_s e^(m_s - m), m = max_s m_s -- the one definition of the merge arithmetic, shared
+// by ATTN_MERGE (ld: coherent global loads) and a GEMV's merged x (ops_gemv.cuh; ld: shared memory), so both give
+// the same bits.
+struct AmkLdCg {
+  __device__ __forceinline__ float operator()(const float* p) const { return __ldcg(p); }
+};
+struct AmkLdPlain {
+  __device__ __forceinline__ float operator()(const float* p) const { return *p; }
+};
+template <class Ld>
+__device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, int G, int D, int g, int d, Ld ld) {
+  const int row = D + 2;
+  float m = -INFINITY;
+  for (int s = 0; s < ns; ++s) m = fmaxf(m, ld(base + (s * G + g) * row));
+  float l = 0.f, o = 0.f;
+  for (int s = 0; s < ns; ++s) {
+    const float* r = base + (s * G + g) * row;
+    const float w = expf(ld(r) - m);
+    l = fmaf(ld(r + 1), w, l);
+    o = fmaf(ld(r + 2 + d), w, o);
+  }
+  return o / l;
 }
 
 // The tensor-core fast path (uses the copy helpers above).
@@ -432,18 +445,9 @@ __device__ __noinline__ void amk_op_attn_merge(const AmkCtx& c) {
   const int D = in.ip[AMK_ATTN_MERGE_IP_HEAD_DIM], ns = in.ip[AMK_ATTN_MERGE_IP_N_SPLITS];
   const float* part = (const float*)amk_ptr(c, AMK_ATTN_MERGE_IN_PARTIAL);  // [n_kv, ns, G, D+2]
   float* out = (float*)amk_ptr(c, AMK_ATTN_MERGE_N_REQUIRED_IN);
-  const int row = D + 2;
+  const float* base = part + (int64_t)kvh * ns * G * (D + 2);
   for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
-    const int g = idx / D, d = idx - g * D;
-    float m = -INFINITY;
-    for (int s = 0; s < ns; ++s) m = fmaxf(m, __ldcg(part + (((int64_t)kvh * ns + s) * G + g) * row));
-    float l = 0.f, o = 0.f;
-    for (int s = 0; s < ns; ++s) {
-      const float* r = part + (((int64_t)kvh * ns + s) * G + g) * row;
-      const float w = expf(__ldcg(r) - m);
-      l = fmaf(__ldcg(r + 1), w, l);
-      o = fmaf(__ldcg(r + 2 + d), w, o);
-    }
-    out[(int64_t)kvh * G * D + idx] = o / l;
+    const int g = idx / D;
+    out[(int64_t)kvh * G * D + idx] = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{});
   }
 }

@@ -91,6 +91,10 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 #ifndef AMK_ATTN_CP_HINT
 #define AMK_ATTN_CP_HINT 1
 #endif
+//   AMK_ATTN_QFIRST  1: q loads issued before the first KV tile copies (0: after them, the eighth session's order).
+#ifndef AMK_ATTN_QFIRST
+#define AMK_ATTN_QFIRST 1
+#endif
 // One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
@@ -143,18 +147,29 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
     }
     amk_cp_async_commit();
   };
-  for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
   // q rows as A fragments (rounded to T) in shared memory, fragment order [k-step][lane] (8 bytes each: the
-  // row-g pairs of k 2tq.. and 8+2tq..), while the first tiles are in flight; re-read per chunk (registers are
-  // kept for O)
-#pragma unroll
-  for (int s = warp; s < KSTEPS; s += AMK_NWARPS) {
+  // row-g pairs of k 2tq.. and 8+2tq..); re-read per chunk (registers are kept for O). With one k-step per warp
+  // (AMK_ATTN_QFIRST) the q loads are issued before the first KV tiles: loads an SM issues after a batch of
+  // others wait behind them (docs/PERF.md, ninth session), and q is on the critical path, the tiles are not.
+  if constexpr (AMK_ATTN_QFIRST && KSTEPS <= AMK_NWARPS) {
     float2 x = make_float2(0.f, 0.f), y = x;
-    if (gv) {
-      x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
-      y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
+    if (gv && warp < KSTEPS) {
+      x = __ldcg((const float2*)(q + g * D + 16 * warp + 2 * tq));
+      y = __ldcg((const float2*)(q + g * D + 16 * warp + 8 + 2 * tq));
     }
-    qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+    for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
+    if (warp < KSTEPS) qf[warp * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+  } else {
+    for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);  // q is read while the first tiles are in flight
+#pragma unroll
+    for (int s = warp; s < KSTEPS; s += AMK_NWARPS) {
+      float2 x = make_float2(0.f, 0.f), y = x;
+      if (gv) {
+        x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
+        y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
+      }
+      qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+    }
   }
   amk_mark(c, 1);
   float o[NT][2];

@@ -4,6 +4,8 @@
 //   GEMV_SILU_MUL: h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
 //   f(x) = rmsnorm(x) * norm_w if has_norm else x; x: fp32 [K] (staged in smem once per task, as x * norm_w: the
 //   1/rms scale multiplies the finished dot products, see amk_stage_x).
+//   GEMV with x_splits > 0 (o_proj after split-KV attention): x is the online-softmax merge of the attention
+//   partials, computed while staging (amk_stage_merged_x), so no ATTN_MERGE task sits between attention and o_proj.
 //
 // Streaming: each warp owns whole rows; lanes read consecutive 16-byte chunks (a warp reads 512 contiguous bytes
 // per load), R rows x U chunks per lane are in flight before the first FMA (~64 KB per block). When a tile has
@@ -12,6 +14,7 @@
 #pragma once
 #include "common.cuh"
 #include "ops_embed_norm.cuh"
+#include "ops_attention.cuh"
 #include "stream.cuh"
 #include "preload.cuh"
 
@@ -264,6 +267,38 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
   });
 }
 
+// Elements of the attention-partials buffer a GEMV with x_splits > 0 merges into x, 0 otherwise (vm/smem.py:
+// merged_x_floats).
+__device__ __forceinline__ int amk_merged_x_floats(const AmkInstr& in) {
+  const int ns = in.ip[AMK_GEMV_IP_X_SPLITS], G = in.ip[AMK_GEMV_IP_X_GROUP], D = in.ip[AMK_GEMV_IP_X_HEAD_DIM];
+  if (in.op != AMK_OP_GEMV || ns <= 0 || G <= 0 || D <= 0) return 0;
+  return in.ip[AMK_GEMV_IP_K] / (G * D) * ns * G * (D + 2);
+}
+
+// xs[0:K] = the merge of the split-KV attention partials part [K / (G*D), ns, G, D+2] (ATTN_MERGE's arithmetic,
+// amk_attn_merge_elem: the same bits). The whole buffer is copied into ps first (16-byte cp.async when aligned: one
+// round trip for all of it), then each thread merges its elements from shared memory. Ends with a barrier.
+__device__ __forceinline__ void amk_stage_merged_x(const AmkCtx& c, const float* part, int K, int ns, int G, int D,
+                                                   float* xs, float* ps) {
+  xs = amk_in_smem(xs);
+  ps = amk_in_smem(ps);
+  const int GD = G * D, hrow = ns * G * (D + 2), n = K / GD * hrow;
+  if ((n & 3) == 0 && amk_aligned16(part)) {
+    for (int i = amk_tid(); i < (n >> 2); i += AMK_THREADS) amk_cp_async16((float4*)ps + i, (const float4*)part + i);
+    amk_cp_async_commit();
+    amk_cp_async_wait<0>();
+  } else {
+    for (int i = amk_tid(); i < n; i += AMK_THREADS) ps[i] = __ldcg(part + i);
+  }
+  __syncthreads();
+  for (int idx = amk_tid(); idx < K; idx += AMK_THREADS) {
+    const int h = idx / GD, r = idx - h * GD, g = r / D;
+    xs[idx] = amk_attn_merge_elem(ps + h * hrow, ns, G, D, g, r - g * D, AmkLdPlain{});
+  }
+  __syncthreads();
+  amk_mark(c, 1);
+}
+
 __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT], K = in.ip[AMK_GEMV_IP_K];
@@ -272,15 +307,23 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   int s = AMK_GEMV_N_REQUIRED_IN;
   if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
   const int s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
-  float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks) | residual rows [pad4(rn)] (has_residual)
+  // smem: xs [pad4(K)] | stash (streamed tasks) | residual rows [pad4(rn)] (has_residual) | partials (x_splits)
+  float* xs = c.smem;
   AmkGeom g;
-  float* res_s = has_res ? xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0) : nullptr;
+  float* tail = xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0);
+  float* res_s = has_res ? tail : nullptr;
   if (has_res) {  // issued together with the x loads below: one round trip instead of one more at the end
     const float* res = (const float*)amk_ptr(c, s_res);
     for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
+    tail += amk_pad4(rn);
   }
-  const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_IN_X), K, xs, has_norm ? c.nw : nullptr,
-                               in.fp[AMK_GEMV_FP_EPS]);  // ends with a barrier; y = (W . xs) * xr
+  const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X);
+  float xr = 1.0f;  // y = (W . xs) * xr; both stagings end with a barrier
+  if (in.ip[AMK_GEMV_IP_X_SPLITS] > 0)  // (the validator rules out has_norm here)
+    amk_stage_merged_x(c, x, K, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
+                       in.ip[AMK_GEMV_IP_X_HEAD_DIM], xs, tail);
+  else
+    xr = amk_stage_x(c, x, K, xs, has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_FP_EPS]);
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
