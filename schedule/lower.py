@@ -203,7 +203,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     # residual rows (the loader checks the launch's total)
     o_rows = rows_for(cfg.gemv_rows, H, b.sms, b.warps)
     fits = b.merged_x_fits(c.n_heads * hd, o_rows, nkv * splits * G * (hd + 2))
-    merge = {"x_splits": splits, "x_group": G, "x_head_dim": hd} if splits > 1 and cfg.fuse_attn_merge and fits else None
+    merge = ({"x_splits": splits, "x_group": G, "x_head_dim": hd}
+             if splits > 1 and cfg.fuse_attn_merge and fits else None)
     attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)

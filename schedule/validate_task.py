@@ -13,7 +13,8 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 # iparams that may be omitted (packed as 0): the optional-input flags and the sliding window.
-DEFAULTED_IPARAMS = {"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim"} | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs}
+DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim"}
+                     | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
                        ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
@@ -181,7 +182,8 @@ class TaskChecks:
                                              f"{want} = k / (x_group*x_head_dim) * x_splits * x_group * (x_head_dim+2)")
                 need("norm_w" not in s, "x_splits with has_norm: a merged input cannot be RMS-normalised")
             else:
-                need(xsp == 0 and xg == 0 and xd == 0, f"x_splits {xsp} must be >= 0 (x_group / x_head_dim only with it)")
+                need(xsp == 0 and xg == 0 and xd == 0,
+                     f"x_splits {xsp} must be >= 0 (x_group / x_head_dim only with it)")
                 need(K == numel("x"), f"k={K} != x size {numel('x')}")
             for w in ("w", "w_gate", "w_up"):
                 if w in s:

@@ -39,7 +39,8 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _merge_partials(parts: torch.Tensor) -> torch.Tensor:
-    # parts: [ns, G, hd+2] rows (m, l, o[hd]) of one KV head's splits -> [G, hd]: sum_s o_s e^(m_s-m) / sum_s l_s e^(m_s-m)
+    # parts: [ns, G, hd+2] rows (m, l, o[hd]) of one KV head's splits
+    # -> [G, hd]: sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max_s m_s
     m = parts[:, :, 0].max(0).values                              # [G]
     scale = torch.exp(parts[:, :, 0] - m[None])                    # [ns, G]; exp(-inf) = 0 for empty splits
     l = (parts[:, :, 1] * scale).sum(0)

@@ -251,7 +251,6 @@ __device__ __forceinline__ uint4 amk_ld_stream(const void* ptr, uint64_t pol) {
   return r;
 }
 
-// A task's slot, from the shared-memory copy (no global round trip once the op runs).
 // 16-byte cp.async (.cg: L2 only, coherent with the counters' acquire), commit and wait-group.
 __device__ __forceinline__ void amk_cp_async16(void* dst_smem, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst_smem)),
@@ -265,6 +264,7 @@ __device__ __forceinline__ void amk_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// A task's slot, from the shared-memory copy (no global round trip once the op runs).
 __device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)c.slots[slot].ptr; }
 __device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return c.slots[slot].dtype; }
 // The first int32 of an IO_INPUT slot (token id, position), read before the task's wait.
