@@ -53,14 +53,23 @@ __device__ __forceinline__ void amk_wait_prefetch(const AmkInstr& in, int64_t ca
 }
 
 // Thread 0 only. Returns 1 if the block must stop (abort flag seen, or this wait timed out and was reported).
+// The abort flag and the counter are loaded back to back, on entry and in every poll (one round trip, not two;
+// AMK_WAIT_OVERLAP 0: the flag's load waits for the counter's, and on entry comes first). Every task pays the
+// entry check on its way in, satisfied or not, and a waiting task sees its counter one poll sooner.
+#ifndef AMK_WAIT_OVERLAP
+#define AMK_WAIT_OVERLAP 1
+#endif
 __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, int sm) {
-  if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
+  int aborted = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
+  if (!AMK_WAIT_OVERLAP && aborted) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
   bool prefetched = false;
   for (int w = 0; w < nw; ++w) {
     const int c = in.wait_counter[w], thr = in.wait_threshold[w];
     const int32_t* ctr = p.counters + c;
-    if (amk_ld_acquire(ctr) >= thr) continue;
+    const int v = amk_ld_acquire(ctr);
+    if (aborted) return 1;
+    if (v >= thr) continue;
     if (!prefetched && !(in.flags & AMK_INSTR_FLAG_PRELOAD)) {  // a preloaded tile is already on its way
       amk_wait_prefetch(in, p.wait_prefetch_bytes);
       prefetched = true;
@@ -70,15 +79,21 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     for (;;) {
       __nanosleep(ns);
       if (ns < 128) ns <<= 1;
-      if (amk_ld_acquire(ctr) >= thr) break;
-      if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
+      if (AMK_WAIT_OVERLAP) {  // one round trip per poll: the flag's load is in flight with the counter's
+        const int ab = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
+        if (amk_ld_acquire(ctr) >= thr) break;
+        if (ab) return 1;
+      } else {
+        if (amk_ld_acquire(ctr) >= thr) break;
+        if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return 1;
+      }
       if ((int64_t)(amk_globaltimer() - t0) > p.timeout_ns) {
         amk_report(p, AMK_ERR_TIMEOUT, in.task_id, in.op, c, sm);
         return 1;
       }
     }
   }
-  return 0;
+  return aborted;  // (a task without waits: only the flag)
 }
 
 // Block-wide: ask L2 for bytes [ptr, ptr + bytes), trimmed inward to 16-byte alignment; one bulk prefetch per CH
