@@ -31,6 +31,7 @@ from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError,
                          ScheduleConfig, Task, Wait)
 from schedule.ops import estimate
 from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
+from vm.smem import _pad4, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
 TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
@@ -49,11 +50,10 @@ class _Builder:
         self.tasks: list[Task] = []
         self.by_source: dict[str, int] = {}
 
-    def merged_x_fits(self, k: int, rows: int, partial: int) -> bool:
-        """Whether a GEMV that merges ``partial`` attention-partial floats into its x (k) fits shared memory with its
-        staged residual rows (vm/smem.py: the GEMV area)."""
-        pad4 = lambda n: (n + 3) & ~3  # noqa: E731
-        return 4 * (pad4(k) + pad4(rows) + pad4(partial)) <= self.smem_per_block
+    def merged_x_fits(self, merge: dict, k: int, rows: int) -> bool:
+        """Whether an o_proj GEMV with these merge params (x_splits, x_group, x_head_dim) fits shared memory with x
+        and its staged residual rows (vm/smem.py: the GEMV area)."""
+        return 4 * (_pad4(k) + _pad4(rows) + _pad4(merged_x_floats({**merge, "k": k}))) <= self.smem_per_block
 
     def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
         b = Buffer(len(self.buffers), name, kind, dtype, tuple(shape), source, space, data)
@@ -201,10 +201,10 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
     # o_proj merges the partials itself (no ATTN_MERGE hop) where they fit its shared memory next to x and the
     # residual rows (the loader checks the launch's total)
-    o_rows = rows_for(cfg.gemv_rows, H, b.sms, b.warps)
-    fits = b.merged_x_fits(c.n_heads * hd, o_rows, nkv * splits * G * (hd + 2))
-    merge = ({"x_splits": splits, "x_group": G, "x_head_dim": hd}
-             if splits > 1 and cfg.fuse_attn_merge and fits else None)
+    merge = {"x_splits": splits, "x_group": G, "x_head_dim": hd}
+    if not (splits > 1 and cfg.fuse_attn_merge
+            and b.merged_x_fits(merge, c.n_heads * hd, rows_for(cfg.gemv_rows, H, b.sms, b.warps))):
+        merge = None
     attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
