@@ -28,6 +28,28 @@
 #include "ops_qkv.cuh"
 #include "ops_misc.cuh"
 
+// Build switches of the task loop (all default on; -D...=0 restores the old code for A/Bs; docs/PERF.md, tenth
+// session). Whatever every thread executes between the wait and the op's first load is paid once per phase per SM,
+// with 4 warps per scheduler issuing it:
+//   AMK_CTX_ONCE: the op context (AmkCtx, passed by reference to the noinline ops, so it lives on each thread's
+//     stack) is built once per launch; per task only instr_index and nw are stored, before the wait. A fresh copy
+//     per task was 15 8-byte stack stores per thread after the wait: 8-10% of a step.
+//   AMK_NEED_EARLY: the task's shared-memory need is computed while thread 0 waits, not after the wait (-0.3% to
+//     -0.9%).
+//   AMK_PARAMS_SMEM: the launch params are copied into shared memory once per launch, and the noinline code
+//     (amk_wait_all, the ops) reads them there. Through a pointer to the __grid_constant__ param, every field
+//     read is a generic load; amk_wait_all needed one before it could even issue the abort-flag and counter loads
+//     (-0.2% to -0.4% on top of the two above).
+#ifndef AMK_PARAMS_SMEM
+#define AMK_PARAMS_SMEM 1
+#endif
+#ifndef AMK_NEED_EARLY
+#define AMK_NEED_EARLY 1
+#endif
+#ifndef AMK_CTX_ONCE
+#define AMK_CTX_ONCE 1
+#endif
+
 // Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
 __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
   AmkGeom g;
@@ -54,9 +76,10 @@ __device__ __forceinline__ int64_t amk_smem_need(const AmkParams& p, const AmkIn
   return (int64_t)(amk_smem_floats(in) + amk_norm_floats(in)) * 4 + AMK_RING_BYTES + p.preload_bytes;
 }
 
-__device__ __forceinline__ void amk_dispatch(const AmkCtx& c) {
+// need: amk_smem_need of the task, computed before the wait (AMK_NEED_EARLY) or here.
+__device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
   const int op = c.ins->op;
-  const int64_t need = amk_smem_need(*c.p, *c.ins);
+  if (!AMK_NEED_EARLY) need = amk_smem_need(*c.p, *c.ins);
   if (need > (int64_t)c.p->smem_bytes) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, (int)need);
     return;
@@ -89,8 +112,15 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   __shared__ AmkPre s_pre;
   __shared__ AmkSlot s_slots[AMK_MAX_BUFS];
   __shared__ __align__(8) uint64_t s_pre_bar;
+  __shared__ __align__(16) AmkParams s_params;
+  __shared__ int64_t s_need;
   const int sm = (int)blockIdx.x;
   if (sm >= p.n_queues) return;
+  static_assert(sizeof(AmkParams) % 4 == 0, "AmkParams must be a whole number of words");
+  if (AMK_PARAMS_SMEM)
+    for (int i = amk_tid(); i < (int)(sizeof(AmkParams) / 4); i += AMK_THREADS)
+      ((int*)&s_params)[i] = ((const int*)&p)[i];
+  const AmkParams& P = AMK_PARAMS_SMEM ? s_params : p;  // what noinline code reads (published by the barrier below)
   const int q0 = p.queue_offsets[sm], q1 = p.queue_offsets[sm + 1];
   static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
   constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
@@ -102,8 +132,10 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
 #endif
   float* op_smem = (float*)(pre_buf + p.preload_bytes);
-  const AmkCtx c{&p, &s_ins, op_smem, s_red, s_part, &s_flag, sm, 0,
-                 &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf, s_slots, nullptr};
+  // The ops take the context by reference, so it lives on the stack: built once, and per task only instr_index and
+  // nw change (AMK_CTX_ONCE above). A copy in shared memory instead measured 1.4-3.1% slower than the stack one.
+  AmkCtx c{&P, &s_ins, op_smem, s_red, s_part, &s_flag, sm, 0,
+           &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf, s_slots, nullptr};
   for (int qi = q0; qi < q1; ++qi) {
     const int idx = p.queue_items[qi];
     const int* src = (const int*)(p.instrs + idx);
@@ -118,20 +150,27 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
 #endif
     __syncthreads();
     float* const nw = op_smem + amk_smem_floats(s_ins);  // the staged norm weight follows the op's area
-    uint64_t t_begin = 0, t_ready = 0;
+    if (AMK_CTX_ONCE) {
+      c.instr_index = idx;
+      c.nw = nw;
+    }
+    uint64_t* const trace = p.trace ? p.trace + (size_t)idx * AMK_TRACE_WORDS : nullptr;  // this task's record
     if (amk_tid() == 0) {
-      if (p.trace) t_begin = amk_globaltimer();
+      if (trace) trace[0] = amk_globaltimer();  // stored at once: nothing of it stays live across the op call
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
-      s_flag = amk_wait_all(p, s_ins, sm);
-      if (p.trace) t_ready = amk_globaltimer();
+      s_flag = amk_wait_all(P, s_ins, sm);
+      if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
       if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {
         amk_pre_issue(p, s_pre, s_pre.pending);
         s_pre.pending = -1;
       }
       if (amk_warp() == AMK_NWARPS - 1) amk_prep_slots(p, s_ins, s_slots, amk_lane());
-      if (amk_tid() >= 32 && amk_smem_need(p, s_ins) <= (int64_t)p.smem_bytes)  // else dispatch reports it
-        amk_prep_norm(p, s_ins, nw, 32);
+      if (amk_tid() >= 32) {
+        const int64_t need = amk_smem_need(p, s_ins);
+        if (AMK_NEED_EARLY && amk_tid() == 32) s_need = need;
+        if (need <= (int64_t)p.smem_bytes) amk_prep_norm(p, s_ins, nw, 32);  // else dispatch reports it
+      }
     }
     __syncthreads();
     if (s_flag) {
@@ -143,11 +182,14 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       const char* rng = (const char*)(p.instrs + next_pre) + offsetof(AmkInstr, prefetch_ptr);
       asm volatile("prefetch.global.L1 [%0];" :: "l"(rng));
     }
-    AmkCtx ci = c;
-    ci.instr_index = idx;
-    ci.nw = nw;
+    AmkCtx ci_fresh = c;
+    if (!AMK_CTX_ONCE) {
+      ci_fresh.instr_index = idx;
+      ci_fresh.nw = nw;
+    }
+    const AmkCtx& ci = AMK_CTX_ONCE ? c : ci_fresh;
     amk_mark(ci, 0);
-    amk_dispatch(ci);
+    amk_dispatch(ci, AMK_NEED_EARLY ? s_need : 0);
     __syncthreads();
     amk_mark(ci, 3);
     if (s_flag) {
@@ -158,8 +200,6 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       if (out_ctr >= 0) amk_signal(p.counters + out_ctr);
       if (p.trace) {
         uint64_t* t = p.trace + (size_t)idx * AMK_TRACE_WORDS;
-        t[0] = t_begin;
-        t[1] = t_ready;
         t[2] = amk_globaltimer();
         t[3] = (uint64_t)sm;
       }

@@ -407,8 +407,10 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   if (partial) {
     sp = in.ip[AMK_ATTN_PARTIAL_IP_SPLIT];
     ns = in.ip[AMK_ATTN_PARTIAL_IP_N_SPLITS];
-    const int64_t n = hi - lo;
-    const int a = lo + (int)((n * sp) / ns), b = lo + (int)((n * (sp + 1)) / ns);
+    const int n = hi - lo;  // floor(n * sp / ns): 32-bit division where n * ns fits (a 64-bit one is a slow call)
+    const bool small = (int64_t)n * ns <= 0x7fffffff;
+    const int a = lo + (small ? (int)((unsigned)(n * sp) / (unsigned)ns) : (int)(((int64_t)n * sp) / ns));
+    const int b = lo + (small ? (int)((unsigned)(n * (sp + 1)) / (unsigned)ns) : (int)(((int64_t)n * (sp + 1)) / ns));
     lo = a;
     hi = b;
   }
