@@ -27,14 +27,37 @@ __device__ __forceinline__ int amk_norm_floats(const AmkInstr& in) {
 }
 
 // Threads first..AMK_THREADS-1 while thread 0 waits: the task's norm weight (read-only) into nw_s as fp32, so
-// staging x costs one dependent round trip (x) instead of two (x, then the weight).
+// staging x costs one dependent round trip (x) instead of two (x, then the weight). AMK_PREP_VEC 1: 16-byte loads
+// where the size and alignment allow (0: one element per load).
+#ifndef AMK_PREP_VEC
+#define AMK_PREP_VEC 1
+#endif
 __device__ __forceinline__ void amk_prep_norm(const AmkParams& p, const AmkInstr& in, float* nw_s, int first) {
   int K;
   const int s = amk_norm_slot(in, K);
   if (s < 0) return;
   const AmkBufDesc& d = p.bufs[in.buf[s]];
   const void* w = (const void*)(uintptr_t)d.ptr;
-  for (int i = amk_tid() - first; i < K; i += AMK_THREADS - first) nw_s[i] = amk_ldw(w, d.dtype, i);
+  const int dt = d.dtype;
+  const int ve = dt == AMK_DTYPE_F32 ? 4 : 8;  // elements per 16-byte load
+  if (AMK_PREP_VEC && K % ve == 0 && amk_aligned16(w) && amk_aligned16(nw_s)) {
+    // 16-byte loads: a task that waits briefly exposes this staging (docs/PERF.md, tenth session)
+    for (int i = amk_tid() - first; i < K / ve; i += AMK_THREADS - first) {
+      const uint4 v = __ldg((const uint4*)w + i);
+      float4* o = (float4*)nw_s + (ve / 4) * i;
+      if (dt == AMK_DTYPE_F32) {
+        o[0] = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+      } else {
+        float f[8];
+        if (dt == AMK_DTYPE_BF16) AmkBF16::unpack(v, f);
+        else AmkF16::unpack(v, f);
+        o[0] = make_float4(f[0], f[1], f[2], f[3]);
+        o[1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    return;
+  }
+  for (int i = amk_tid() - first; i < K; i += AMK_THREADS - first) nw_s[i] = amk_ldw(w, dt, i);
 }
 
 // xs[0:K] = x[0:K] * nw_s (coherent loads; nw_s: the norm weight in shared memory from amk_prep_norm, or null:
