@@ -7,8 +7,9 @@
 //      activations;
 //   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
 //      a %globaltimer budget (TIMEOUT names task + counter); meanwhile the other warps resolve the task's buffer
-//      slots and IO scalars (token, pos) into shared memory and stage its fused RMSNorm weight (amk_prep_*), so
-//      the op starts with one dependent round trip (its input) instead of three;
+//      slots and IO scalars (token, pos) into shared memory, stage its fused RMSNorm weight (amk_prep_*) and
+//      compute its shared-memory need, so the op starts with one dependent round trip (its input) instead of three
+//      and almost nothing runs between the wait and that load (the build switches below);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
 //   4. __syncthreads, then thread 0 release-increments out_counter. If the task used the preload buffer
 //      (preload.cuh), the next flagged task's whole weight tile is bulk-copied into it from the start of the next

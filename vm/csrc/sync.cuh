@@ -59,6 +59,13 @@ __device__ __forceinline__ void amk_wait_prefetch(const AmkInstr& in, int64_t ca
 #ifndef AMK_WAIT_OVERLAP
 #define AMK_WAIT_OVERLAP 1
 #endif
+// Poll backoff: __nanosleep from AMK_POLL_NS_MIN doubling up to AMK_POLL_NS_MAX ns between polls (0: no sleep).
+#ifndef AMK_POLL_NS_MIN
+#define AMK_POLL_NS_MIN 16
+#endif
+#ifndef AMK_POLL_NS_MAX
+#define AMK_POLL_NS_MAX 128
+#endif
 __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, int sm) {
   int aborted = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
   if (!AMK_WAIT_OVERLAP && aborted) return 1;
@@ -75,10 +82,12 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
       prefetched = true;
     }
     const uint64_t t0 = amk_globaltimer();
-    unsigned ns = 16;
+    unsigned ns = AMK_POLL_NS_MIN;
     for (;;) {
-      __nanosleep(ns);
-      if (ns < 128) ns <<= 1;
+      if (AMK_POLL_NS_MAX > 0) {
+        __nanosleep(ns);
+        if (ns < AMK_POLL_NS_MAX) ns <<= 1;
+      }
       if (AMK_WAIT_OVERLAP) {  // one round trip per poll: the flag's load is in flight with the counter's
         const int ab = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
         if (amk_ld_acquire(ctr) >= thr) break;
