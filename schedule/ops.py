@@ -50,7 +50,7 @@ def accesses(task, numel) -> list[Access]:
         out.append(Access(s[slot], lo, hi, write, slot))
 
     if op == "EMBED":
-        c0, cn, H = _p(task, "col_start"), _p(task, "col_count"), _p(task, "hidden")
+        c0, cn = _p(task, "col_start"), _p(task, "col_count")
         whole("table"); whole("token"); rng("x", c0, c0 + cn, True)
     elif op == "RMSNORM":
         whole("x"); whole("w"); whole("y", True)
