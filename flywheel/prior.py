@@ -1,7 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits auto (8 at ctx 512),
-prefetch_depth 0, qkv_head_split 2, wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows 512 and auto row tiles
+prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b), wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows 512 and auto row tiles
 (gemv/mlp rows 16/64 on llama-3.2-1b) run llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us
 for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on
 132 SMs) runs in 1686 / 2407 us vs 1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
@@ -61,9 +61,11 @@ KNOBS: tuple[Knob, ...] = (
              "(tile sizes then differ by at most one row): no SM idles in the last wave of a phase"),
     Knob("qkv_heads", int, 1, choices=(1, 2, 4, 8),
          doc="query heads per QKV task (a task never straddles a KV group); K and V are one head per task"),
-    Knob("qkv_head_split", int, 2, choices=(1, 2, 4, 8),
+    Knob("qkv_head_split", int, 0, choices=(0, 1, 2, 4, 8),
          doc="QKV tasks per head (each takes a slice of the head's RoPE pairs) so the QKV phase uses more SMs; "
-             "only with qkv_heads=1 and no QK-norm (Qwen3 keeps whole heads), and only where it divides head_dim/2"),
+             "only with qkv_heads=1 and where it divides head_dim/2. With QK-norm (Qwen3) the split tasks write the "
+             "raw rows and one QK_NORM_ROPE task per KV group applies QK-norm and RoPE (one more hop). 0 = auto: "
+             "the largest split whose QKV tasks fit one wave of SMs (2 on llama-3.2-1b, 4 on qwen3-0.6b)"),
     Knob("attn_splits", int, 0, range=(0, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
              "0 = auto: 8 for KV caches of up to 2048 positions, else SMs // n_kv_heads (one wave of attention "
@@ -97,7 +99,7 @@ KNOBS: tuple[Knob, ...] = (
              "where the attention tasks leave at least half of the SMs idle (n_kv_heads x splits <= SMs / 2)"),
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
-             "tiles done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
+             "tiles (and QK_NORM_ROPE task) done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
 )

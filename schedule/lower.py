@@ -5,7 +5,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
     EMBED -> x0
     per layer l:   [RMSNORM]                    (only when fuse_norm=False)
                    QKV_ROPE tiles per head      -> q_l, K/V cache append   counter qkv[l][kv_head]
-                   ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits [-> ATTN_MERGE]) waits qkv[l][its head]
+                   [QK_NORM_ROPE per kv head    -> q_l, K cache row        counter qk[l][kv_head]: QK-norm models
+                    whose QKV tiles split heads (qkv_head_split > 1) write RAW rows; this task finishes them]
+                   ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits [-> ATTN_MERGE]) waits qkv (or qk)[l][head]
                    GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False);
                                                    with fuse_attn_merge each o_proj task merges the partials itself
                    [L2_PREFETCH per gate/up tile: the tile's first mlp_prefetch_kb KB into L2, released by
@@ -30,7 +32,7 @@ from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait)
 from schedule.ops import estimate
-from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
+from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
@@ -124,6 +126,18 @@ def auto_rows(n: int, n_sms: int, warps: int) -> int:
     return -(-need // warps) * warps
 
 
+def qkv_split_for(knob: int, qkv_heads: int, n_heads: int, n_kv: int, head_dim: int, n_sms: int) -> int:
+    """QKV tasks per head. knob > 0: that many where it divides head_dim/2 (else 1). 0 (auto): the largest of
+    1, 2, 4, 8 that divides head_dim/2 and keeps the QKV tasks ((n_heads + 2*n_kv) x split) within one wave of SMs:
+    2 on the Llama presets, 4 on Qwen3-0.6B (H100, docs/PERF.md, eleventh session). Only with qkv_heads=1."""
+    if qkv_heads != 1:
+        return 1
+    ok = [s for s in (1, 2, 4, 8) if (head_dim // 2) % s == 0]
+    if knob > 0:
+        return knob if knob in ok else 1
+    return max([s for s in ok if (n_heads + 2 * n_kv) * s <= n_sms] or [1])
+
+
 def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
     """Rows per tile of an n-row GEMV-family matrix: the knob's value, or auto_rows for 0."""
     return knob if knob > 0 else auto_rows(n, n_sms, warps)
@@ -208,17 +222,22 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
+    # head split: qkv_head_split tasks per head, each a slice of the RoPE pairs (needs whole heads otherwise). With
+    # QK-norm (a per-head RMS) the split tasks write RAW rows and one QK_NORM_ROPE task per KV group finishes them.
+    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, nkv, hd, b.sms)
+    raw = bool(qkn) and hs > 1
+    q_raw = b.act(f"q_raw{l}", c.n_heads * hd) if raw else None
+    k_raw = b.act(f"k_raw{l}", nkv * hd) if raw else None
     for kvh in range(nkv):
         c_qkv = b.counter(f"qkv{l}.g{kvh}")
-        jobs = [(QKV_MODE_Q, "q", wq, q, h0, hn, c.n_heads)
+        jobs = [(QKV_MODE_RAW if raw else QKV_MODE_Q, "q", wq, q_raw if raw else q, h0, hn, c.n_heads)
                 for h0, hn in ((kvh * G + s, n) for s, n in _tiles(G, cfg.qkv_heads))]
-        jobs += [(QKV_MODE_K, "k", wk, kc, kvh, 1, nkv), (QKV_MODE_V, "v", wv, vc, kvh, 1, nkv)]
-        # head split: qkv_head_split tasks per head, each a slice of the RoPE pairs (needs whole heads otherwise)
-        hs = cfg.qkv_head_split if (cfg.qkv_heads == 1 and not qkn and (hd // 2) % cfg.qkv_head_split == 0) else 1
+        jobs += [(QKV_MODE_RAW, "k", wk, k_raw, kvh, 1, nkv) if raw else (QKV_MODE_K, "k", wk, kc, kvh, 1, nkv),
+                 (QKV_MODE_V, "v", wv, vc, kvh, 1, nkv)]
         for mode, m, w, dst, h0, hn, nh in jobs:
             ins = [xin, w, io["pos"], io["inv_freq"]]
             ins += ([nw] if nw is not None else []) + ([bias[m]] if bias else [])
-            has_qkn = bool(qkn) and m != "v"
+            has_qkn = bool(qkn) and m != "v" and not raw
             ins += [qkn[m]] if has_qkn else []
             for ps, pc in (_tiles(hd // 2, hd // 2 // hs) if hs > 1 else [(0, 0)]):
                 b.task("QKV_ROPE", ins, [dst],
@@ -227,19 +246,26 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                         "has_qknorm": int(has_qkn), "pair_start": ps, "pair_count": pc, "eps": c.rms_eps,
                         "qk_eps": c.rms_eps},
                        [cin], c_qkv, f"L{l}.{m}[{h0}:{h0 + hn}]" + (f".p{ps}" if pc else ""))
+        if raw:   # attention then waits for the finished q and K row (V is ordered through c_qkv -> c_qk)
+            c_qk = b.counter(f"qk{l}.g{kvh}")
+            b.task("QK_NORM_ROPE", [q_raw, k_raw, io["pos"], io["inv_freq"], qkn["q"], qkn["k"]], [q, kc],
+                   {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "eps": c.rms_eps}, [c_qkv], c_qk,
+                   f"L{l}.qk_norm[g{kvh}]")
+        else:
+            c_qk = c_qkv
         ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
         ains = [q, kc, vc, io["pos"]]
         if splits == 1:
-            b.task("ATTN_DECODE", ains, [attn], ap, [c_qkv], c_attn, f"L{l}.attn[g{kvh}]")
+            b.task("ATTN_DECODE", ains, [attn], ap, [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
         elif merge:   # every partial signals the layer's attention counter; o_proj waits for all of them
             for sp in range(splits):
                 b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
-                       [c_qkv], c_attn, f"L{l}.attn[g{kvh}.s{sp}]")
+                       [c_qk], c_attn, f"L{l}.attn[g{kvh}.s{sp}]")
         else:
             c_part = b.counter(f"attn_part{l}.g{kvh}")
             for sp in range(splits):
                 b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
-                       [c_qkv], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
+                       [c_qk], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
             b.task("ATTN_MERGE", [partial], [attn], {"kv_head": kvh, "group": G, "head_dim": hd, "n_splits": splits},
                    [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
     wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
@@ -247,7 +273,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     mlp_rows = rows_for(cfg.mlp_rows, c.intermediate, b.sms, b.warps)
     # the gate/up tiles' heads into L2 while the latency-bound attention hops run -- on the SMs attention leaves idle
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
-        trigger = {"layer": cin, "qkv": c_qkv, "attn": c_attn}[cfg.mlp_prefetch_at]
+        trigger = {"layer": cin, "qkv": c_qk, "attn": c_attn}[cfg.mlp_prefetch_at]   # c_qk: q and K finished
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             n = min(rn * H, per_matrix)

@@ -73,7 +73,7 @@ def accesses(task, numel) -> list[Access]:
         for opt in ("norm_w", "qk_norm_w"):
             if opt in s:
                 whole(opt)
-        for a, b in qkv_rows(task):   # output rows: of w and bias; of q, or (head, column) of the cache row pos
+        for a, b in qkv_rows(task):   # rows of w, bias and q / raw q, k; (head, column) of a cache row pos
             rng("w", a * K, b * K)
             if "bias" in s:
                 rng("bias", a, b)
@@ -91,6 +91,13 @@ def accesses(task, numel) -> list[Access]:
             row = G * (hd + 2)
             base = (g * ns + sp) * row
             rng("partial", base, base + row, True)
+    elif op == "QK_NORM_ROPE":
+        g, G, hd = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim")
+        rng("q_raw", g * G * hd, (g + 1) * G * hd); rng("k_raw", g * hd, (g + 1) * hd)
+        for opt in ("pos", "inv_freq", "q_norm_w", "k_norm_w"):
+            whole(opt)
+        rng("q", g * G * hd, (g + 1) * G * hd, True)
+        rng("k_cache", g * hd, (g + 1) * hd, True)   # (head, column) coordinates: the row at pos of head g
     elif op == "ATTN_MERGE":
         g, G, hd, ns = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim"), _p(task, "n_splits")
         row = G * (hd + 2)

@@ -8,7 +8,7 @@ import math
 
 from schedule import ops
 from schedule.ir import BufferKind, Task, Wait
-from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_Q
+from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_K, QKV_MODE_RAW, QKV_MODE_V
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
@@ -192,7 +192,7 @@ class TaskChecks:
                 need(numel("norm_w") == K, "norm_w size != k")
         elif op == "QKV_ROPE":
             h0, hn, hd, K, H, S = (P[k] for k in ("head_start", "head_count", "head_dim", "k", "n_heads", "max_seq"))
-            need(P["mode"] in (0, 1, 2), f"mode {P['mode']} not Q/K/V")
+            need(P["mode"] in (0, 1, 2, 3), f"mode {P['mode']} not Q/K/V/RAW")
             need(hd >= 2 and hd % 2 == 0, f"head_dim {hd} must be even")
             need(h0 >= 0 and hn >= 1 and h0 + hn <= H, f"heads [{h0}, {h0 + hn}) outside [0, n_heads={H})")
             need(K == numel("x"), f"k={K} != x size {numel('x')}")
@@ -210,9 +210,28 @@ class TaskChecks:
                 need(numel("qk_norm_w") == hd, "qk_norm_w size != head_dim")
             if "norm_w" in s:
                 need(numel("norm_w") == K, "norm_w size != k")
-            if P["mode"] != QKV_MODE_Q:
+            if P["mode"] in (QKV_MODE_K, QKV_MODE_V):
                 need(self.kinds[s["dst"]] == BufferKind.KV_CACHE and shape("dst") == (H, S, hd),
                      f"K/V dst must be a KV_CACHE of shape (n_heads, max_seq, head_dim) = ({H}, {S}, {hd})")
+            if P["mode"] == QKV_MODE_RAW:
+                need("qk_norm_w" not in s, "mode RAW writes unnormalised rows: has_qknorm must be 0 (QK_NORM_ROPE "
+                                           "applies the QK-norm)")
+                need(self.kinds[s["dst"]] == BufferKind.ACTIVATION and numel("dst") == H * hd,
+                     f"RAW dst must be an ACTIVATION of n_heads*head_dim = {H * hd} elements")
+        elif op == "QK_NORM_ROPE":
+            g, G, hd, S = P["kv_head"], P["group"], P["head_dim"], P["max_seq"]
+            need(g >= 0 and G >= 1 and hd >= 2 and hd % 2 == 0, "kv_head/group >= 0/1, head_dim even and >= 2")
+            shp = shape("k_cache")
+            need(self.kinds[s["k_cache"]] == BufferKind.KV_CACHE and len(shp) == 3 and shp[1:] == (S, hd)
+                 and g < shp[0], f"'k_cache' must be a KV_CACHE of shape (n_kv > kv_head, max_seq, head_dim) = "
+                                 f"(>{g}, {S}, {hd}), got {shp}")
+            if len(shp) == 3:
+                need(numel("k_raw") == shp[0] * hd, f"k_raw has {numel('k_raw')} elements, want n_kv*head_dim = "
+                                                    f"{shp[0] * hd}")
+            need(numel("q_raw") == numel("q") and numel("q") >= (g + 1) * G * hd,
+                 f"q_raw / q must have the same size, at least (kv_head+1)*group*head_dim = {(g + 1) * G * hd}")
+            need(numel("inv_freq") == hd // 2, "inv_freq size != head_dim/2")
+            need(numel("q_norm_w") == hd and numel("k_norm_w") == hd, "q_norm_w / k_norm_w size != head_dim")
         elif op in ("ATTN_DECODE", "ATTN_PARTIAL", "ATTN_MERGE"):
             g, G, hd = P["kv_head"], P["group"], P["head_dim"]
             need(g >= 0 and G >= 1 and hd >= 1, "kv_head/group/head_dim must be >= 0/1/1")

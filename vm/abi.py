@@ -44,8 +44,9 @@ STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIM
 INSTR_FLAG_STREAM = 1   # weights stream through the shared-memory ring (bulk copies); set only for sm_90+ builds
 INSTR_FLAG_PRELOAD = 2  # the whole weight tile is bulk-copied into the preload buffer before the task's wait (sm_90+)
 
-# QKV_ROPE modes
-QKV_MODE_Q, QKV_MODE_K, QKV_MODE_V = 0, 1, 2
+# QKV_ROPE modes. RAW: the projected rows as they are (no QK-norm, no RoPE) into an fp32 activation laid out like q;
+# QK_NORM_ROPE finishes them (models with QK-norm whose QKV tasks are split below whole heads).
+QKV_MODE_Q, QKV_MODE_K, QKV_MODE_V, QKV_MODE_RAW = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,8 @@ _OPS = [
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),
            ("row_start", "row_count", "k", "n", "has_norm"), ("eps",), (("norm_w", "has_norm"),)),
-    # per-head projection tile + bias + QK-norm + RoPE; mode Q writes q[head], K/V append to cache[head, pos]
+    # per-head projection tile + bias + QK-norm + RoPE; mode Q writes q[head], K/V append to cache[head, pos],
+    # RAW writes the projected rows only (fp32, laid out like q) for QK_NORM_ROPE
     OpSpec("QKV_ROPE", 5, "gemv", ("x", "w", "pos", "inv_freq"), ("dst",),
            ("mode", "head_start", "head_count", "head_dim", "k", "n_heads", "max_seq",
             "has_norm", "has_bias", "has_qknorm", "pair_start", "pair_count"), ("eps", "qk_eps"),
@@ -110,6 +112,10 @@ _OPS = [
     # weights are on chip before it runs; placed where HBM would otherwise idle (lowering knob mlp_prefetch_kb)
     OpSpec("L2_PREFETCH", 11, "prefetch", ("w_a",), (), ("start_a", "count_a", "has_b", "start_b", "count_b"),
            (), (("w_b", "has_b"),)),
+    # QK-norm + RoPE of one KV group from the RAW QKV rows: q[g*G:(g+1)*G] = rope(rmsnorm(q_raw) * q_norm_w) and
+    # k_cache[kv_head, pos] = rope(rmsnorm(k_raw[kv_head]) * k_norm_w); per head, over head_dim
+    OpSpec("QK_NORM_ROPE", 12, "norm", ("q_raw", "k_raw", "pos", "inv_freq", "q_norm_w", "k_norm_w"),
+           ("q", "k_cache"), ("kv_head", "group", "head_dim", "max_seq"), ("eps",)),
 ]
 OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
 OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}
@@ -185,7 +191,7 @@ def render_header() -> str:
         L.append(f"#define AMK_ERR_{nm} {code}")
     L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}",
           f"#define AMK_INSTR_FLAG_PRELOAD {INSTR_FLAG_PRELOAD}", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
-          f"#define AMK_QKV_MODE_V {QKV_MODE_V}", ""]
+          f"#define AMK_QKV_MODE_V {QKV_MODE_V}", f"#define AMK_QKV_MODE_RAW {QKV_MODE_RAW}", ""]
     for op in _OPS:
         L.append(f"#define AMK_OP_{op.name} {op.code}")
     L.append("")

@@ -469,7 +469,7 @@ class MegakernelVM:
                         f"{self.build_info.get('dtypes')}); the VM builds for its program's types")
             elif opname == "EMBED":
                 what = f"token id {detail} outside the vocabulary"
-            elif opname in ("QKV_ROPE", "ATTN_DECODE", "ATTN_PARTIAL"):
+            elif opname in ("QKV_ROPE", "QK_NORM_ROPE", "ATTN_DECODE", "ATTN_PARTIAL"):
                 what = f"position {detail} outside the KV cache [0, {self.max_seq})"
             else:
                 what = f"needs {detail} B of shared memory, launch has {self.smem_bytes} B"

@@ -23,7 +23,7 @@ import torch
 
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, validate
 from schedule.ops import slot_map
-from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_V
+from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16,
                 DType.I32: torch.int32}
@@ -109,6 +109,11 @@ def _rope(x: torch.Tensor, pos: int, inv_freq: torch.Tensor) -> torch.Tensor:
     return _rotate(x[:, :half], x[:, half:], pos, inv_freq)
 
 
+def _qk_norm(y: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # y: [n, hd] fp32; RMSNorm over each head's hd values, times the (shared) per-dim weight
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
 def op_qkv_rope(vm, t):
     s = slot_map(t)
     p = t.params
@@ -125,10 +130,10 @@ def op_qkv_rope(vm, t):
         y = vm.buf(s["w"])[rows].float() @ x                     # [2*pc]: (a_i..., b_i...)
         if p.get("has_bias"):
             y = y + vm.buf(s["bias"])[rows].float()
-        if mode != QKV_MODE_V:
+        if mode in (QKV_MODE_Q, QKV_MODE_K):
             y = _rotate(y[:pc], y[pc:], pos, vm.buf(s["inv_freq"]).float()[ps:ps + pc])
         dst = vm.buf(s["dst"])
-        if mode == QKV_MODE_Q:
+        if mode in (QKV_MODE_Q, QKV_MODE_RAW):
             dst[rows] = y
         elif mode in (QKV_MODE_K, QKV_MODE_V):
             dst[h0, pos, rows - h0 * hd] = y.to(dst.dtype)
@@ -139,18 +144,34 @@ def op_qkv_rope(vm, t):
     if p.get("has_bias"):
         y = y + vm.buf(s["bias"])[h0 * hd:(h0 + hn) * hd].float()
     y = y.view(hn, hd)
-    if mode != QKV_MODE_V:
+    if mode in (QKV_MODE_Q, QKV_MODE_K):
         if p.get("has_qknorm"):
-            w = vm.buf(s["qk_norm_w"]).float()
-            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + float(p["qk_eps"])) * w
+            y = _qk_norm(y, vm.buf(s["qk_norm_w"]), float(p["qk_eps"]))
         y = _rope(y, pos, vm.buf(s["inv_freq"]))
     dst = vm.buf(s["dst"])
-    if mode == QKV_MODE_Q:
+    if mode in (QKV_MODE_Q, QKV_MODE_RAW):
         dst[h0 * hd:(h0 + hn) * hd] = y.reshape(-1)
     elif mode in (QKV_MODE_K, QKV_MODE_V):
         dst[h0:h0 + hn, pos, :] = y.to(dst.dtype)                 # cache: [n_kv, S, hd]
     else:
         raise VMError(f"task {t.id} QKV_ROPE: bad mode {mode}")
+
+
+def op_qk_norm_rope(vm, t):
+    """QK-norm + RoPE of one KV group from the RAW rows of the QKV tasks: q heads [g*G, (g+1)*G) into q, and the
+    group's K row into the cache at pos (the same math as QKV_ROPE with has_qknorm on whole heads)."""
+    s = slot_map(t)
+    p = t.params
+    g, G, hd, S = (int(p[k]) for k in ("kv_head", "group", "head_dim", "max_seq"))
+    pos = int(vm.buf(s["pos"])[0])
+    if not 0 <= pos < S:
+        raise VMError(f"task {t.id} QK_NORM_ROPE: position {pos} outside the KV cache [0, {S})")
+    eps, inv = float(p["eps"]), vm.buf(s["inv_freq"])
+    q = vm.buf(s["q_raw"])[g * G * hd:(g + 1) * G * hd].float().view(G, hd)
+    k = vm.buf(s["k_raw"])[g * hd:(g + 1) * hd].float().view(1, hd)
+    vm.buf(s["q"])[g * G * hd:(g + 1) * G * hd] = _rope(_qk_norm(q, vm.buf(s["q_norm_w"]), eps), pos, inv).reshape(-1)
+    kc = vm.buf(s["k_cache"])
+    kc[g, pos, :] = _rope(_qk_norm(k, vm.buf(s["k_norm_w"]), eps), pos, inv)[0].to(kc.dtype)
 
 
 def _attn_range(vm, t, s) -> tuple[int, int]:
@@ -217,7 +238,7 @@ def op_l2_prefetch(vm, t):
 
 
 REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
-             "QKV_ROPE": op_qkv_rope, "ATTN_DECODE": op_attn_decode, "ATTN_PARTIAL": op_attn_partial,
+             "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode, "ATTN_PARTIAL": op_attn_partial,
              "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
              "L2_PREFETCH": op_l2_prefetch}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"

@@ -98,6 +98,9 @@ def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tu
         return _pad4(int(p["k"])) + stash
     if task.op == "QKV_ROPE":
         return _pad4(int(p["k"])) + _pad4(int(p["head_count"]) * int(p["head_dim"])) + stash
+    if task.op == "QK_NORM_ROPE":   # raw rows | q and k norm weights | inv_freq, all fp32
+        hd = int(p["head_dim"])
+        return _pad4((int(p["group"]) + 1) * hd) + 2 * hd + _pad4(hd // 2)
     if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
         return attn_floats(int(p["group"]), int(p["head_dim"]), threads, *attn)
     return 0

@@ -98,3 +98,30 @@ def test_attention_estimate_counts_its_split_of_the_cache(splits):
     out = 4 * G * hd if splits == 1 else 4 * G * (hd + 2)
     assert {t.est_bytes for t in att} == {kv + 4 * G * hd + 4 + out}
     assert splits * kv == 2 * hd * 2 * S       # the splits of a head count its cache once (S % splits == 0)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_qk_norm_head_split_lowers_to_raw_rows_and_qk_norm_tasks(split):
+    """qwen3 (QK-norm) with qkv_head_split > 1: the q / k tasks write RAW rows (no QK-norm, no RoPE) into q_raw /
+    k_raw, one QK_NORM_ROPE task per KV group finishes q and the K cache row, and attention waits for it."""
+    from vm.abi import QKV_MODE_RAW, QKV_MODE_V
+    g = small_graph("qwen3")   # 2 layers, 6 heads / 2 kv, head_dim 16
+    c = g.config
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": split, "attn_splits": 2}, max_seq=32)
+    assert validate(p).ok
+    qkv = [t for t in p.tasks if t.op == "QKV_ROPE"]
+    assert len(qkv) == c.n_layers * (c.n_heads + 2 * c.n_kv_heads) * split
+    assert all(t.params["pair_count"] == c.head_dim // 2 // split and not t.params["has_qknorm"] for t in qkv)
+    assert {t.params["mode"] for t in qkv if t.label.split(".")[1][0] in "qk"} == {QKV_MODE_RAW}
+    assert {t.params["mode"] for t in qkv if t.label.split(".")[1][0] == "v"} == {QKV_MODE_V}
+    qkn = [t for t in p.tasks if t.op == "QK_NORM_ROPE"]
+    assert len(qkn) == c.n_layers * c.n_kv_heads
+    for t in qkn:   # waits for its group's QKV tiles; every attention task of the group waits for it
+        l, g_ = int(t.label[1]), t.params["kv_head"]
+        assert [p.counters[w.counter].name for w in t.waits] == [f"qkv{l}.g{g_}"]
+        assert p.buffers[t.outputs[0]].name == f"q{l}" and p.buffers[t.outputs[1]].name == f"k_cache{l}"
+        attn = [a for a in p.tasks if a.op == "ATTN_PARTIAL" and a.label.startswith(f"L{l}.attn[g{g_}.")]
+        assert len(attn) == 2 and all([w.counter for w in a.waits] == [t.out_counter] for a in attn)
+    whole = lower(g, TARGETS["h100"], {"qkv_head_split": 1}, max_seq=32)   # whole heads: QK-norm in the QKV tiles
+    assert _ops(whole).get("QK_NORM_ROPE", 0) == 0
+    assert all(t.params["has_qknorm"] == (t.params["mode"] != QKV_MODE_V) for t in whole.tasks if t.op == "QKV_ROPE")

@@ -426,3 +426,26 @@ def test_merged_x_gemv_params_are_checked(toy, change, needle):
         o.inputs.insert(2, o.inputs[1])   # a norm weight slot (any buffer): the flag changes the arity
         o.params["eps"] = 1e-5
     rejected(p, f"task {o.id} (GEMV L0.o_proj", needle)
+
+
+def test_qk_norm_rope_shapes_and_raw_mode_are_checked():
+    """RAW QKV rows may not carry QK-norm, and QK_NORM_ROPE's raw rows must match the cache it finishes."""
+    from schedule.lower import lower
+    from tests.conftest import small_graph
+    g = small_graph("qwen3")
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    assert validate(p).ok
+    raw = next(t for t in p.tasks if t.op == "QKV_ROPE" and t.params["mode"] == 3)
+    raw.params["has_qknorm"] = 1
+    raw.inputs.append(next(b.id for b in p.buffers if b.name.endswith("q_norm.weight")))
+    rejected(p, f"task {raw.id} (QKV_ROPE", "mode RAW writes unnormalised rows")
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
+    qkn.inputs[1] = qkn.inputs[0]   # q_raw (6 heads) where k_raw (2 heads) belongs
+    rejected(p, f"task {qkn.id} (QK_NORM_ROPE", "k_raw has 96 elements, want n_kv*head_dim = 32")
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
+    attn = next(t for t in p.tasks if t.op.startswith("ATTN_") and t.waits and t.waits[0].counter == qkn.out_counter
+                and t.sm != qkn.sm)
+    attn.waits = []   # attention on another SM no longer ordered after the task that writes its K row
+    rejected(p, f"task {attn.id} (ATTN_", "k_cache0")

@@ -252,6 +252,26 @@ def test_l2_prefetch_tasks_leave_results_bit_identical(at):
     assert rel_err(outs[2][-1], torch.stack([ref.step(3 + i, i).clone() for i in range(3)])[-1]) <= 2e-3
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_qk_norm_rope_tasks_match_whole_head_qkv_tiles(dtype):
+    """QK-norm model (head_dim 128): split QKV tiles writing RAW rows + QK_NORM_ROPE tasks give the same logits as
+    whole-head QKV tiles with the QK-norm inside (qkv_head_split 1), bit for bit: each projected row is the same dot
+    product on both paths and the norm + RoPE epilogue is one function (amk_head_norm_rope). Also against the
+    reference VM, over several positions (the K rows written at earlier positions are read back)."""
+    from vm.loader import MegakernelVM
+    g = graph("hd128", dtype)
+    outs = []
+    for hs in (1, 2, 4):
+        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "qkv_head_split": hs}, max_seq=48)
+        assert (hs > 1) == any(t.op == "QK_NORM_ROPE" for t in prog.tasks)
+        vm = MegakernelVM(prog, g.weights)
+        outs.append(torch.stack([vm.step(5 + 7 * i, i).clone() for i in range(4)]))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = ReferenceVM(prog, g.weights)
+    want = torch.stack([ref.step(5 + 7 * i, i).clone() for i in range(4)])
+    assert rel_err(outs[2], want) <= (2e-3 if dtype == "bf16" else 1e-4)
+
+
 @pytest.mark.parametrize("name,dtype,splits", [("llama-untied", "f32", 3), ("wide", "bf16", 8),
                                                ("hd128", "bf16", 5), ("merge-odd", "f32", 3)])
 def test_attn_merge_in_o_proj_is_bit_identical_to_merge_tasks(name, dtype, splits):

@@ -65,6 +65,9 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
     case AMK_OP_QKV_ROPE:
       return amk_pad4(in.ip[AMK_QKV_ROPE_IP_K]) +
              amk_pad4(in.ip[AMK_QKV_ROPE_IP_HEAD_COUNT] * in.ip[AMK_QKV_ROPE_IP_HEAD_DIM]) + stash;
+    case AMK_OP_QK_NORM_ROPE:
+      return amk_pad4((in.ip[AMK_QK_NORM_ROPE_IP_GROUP] + 1) * in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM]) +
+             2 * in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM] + amk_pad4(in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM] / 2);
     case AMK_OP_ATTN_DECODE:
     case AMK_OP_ATTN_PARTIAL:
       return amk_attn_smem(in.ip[AMK_ATTN_DECODE_IP_GROUP], in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM]).total;
@@ -91,6 +94,7 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
     case AMK_OP_GEMV: amk_op_gemv(c); break;
     case AMK_OP_GEMV_SILU_MUL: amk_op_gemv_silu_mul(c); break;
     case AMK_OP_QKV_ROPE: amk_op_qkv_rope(c); break;
+    case AMK_OP_QK_NORM_ROPE: amk_op_qk_norm_rope(c); break;
     case AMK_OP_ATTN_DECODE: amk_op_attn(c, false); break;
     case AMK_OP_ATTN_PARTIAL: amk_op_attn(c, true); break;
     case AMK_OP_ATTN_MERGE: amk_op_attn_merge(c); break;

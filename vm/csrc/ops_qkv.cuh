@@ -2,10 +2,15 @@
 // per-head QK-norm (Qwen3), RoPE (rotate-half, pairs (i, i+hd/2), angle = float(pos) * inv_freq[i]) and the write:
 //   mode Q: q[(h0+h)*hd + d] (fp32 activation)
 //   mode K/V: cache[h0+h, pos, d] in the cache dtype (round to nearest even); V gets no norm and no RoPE.
+//   mode RAW: dst[(h0+h)*hd + d] (fp32 activation), no QK-norm and no RoPE: QK_NORM_ROPE (below) finishes the rows.
 // pair_count > 0 (no QK-norm, one head): only the RoPE pairs [ps, ps+pc) of head h0, i.e. rows ps.. and hd/2+ps..;
 // both halves stream together as the two matrices of one tile, so a head can be spread over several SMs.
 // pos is checked against [0, max_seq): BAD_INPUT otherwise (no write).
 // smem: xs[pad4(K)] | ys[pad4(hn*hd)] | stash (streamed tasks, see ops_gemv.cuh)
+//
+// QK_NORM_ROPE: QK-norm + RoPE of one KV group (its G q heads and its K head) from RAW rows, one warp per head:
+// the same epilogue (amk_head_norm_rope) as a whole-head QKV_ROPE task with QK-norm, so both give the same bits.
+// smem: ys[pad4((G+1)*hd)] | the two norm weights [2*hd] | inv_freq [pad4(hd/2)], all as fp32
 #pragma once
 #include "common.cuh"
 #include "ops_gemv.cuh"
@@ -17,6 +22,28 @@ __device__ __forceinline__ void amk_rope_pair(float a, float b, int pos, float f
   sincosf(ang, &sn, &cs);
   o1 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
   o2 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+}
+
+// One head's epilogue, by one warp: y (hd floats in shared memory) <- rmsnorm(y) * w(d) when norm (QK-norm), then
+// the RoPE pairs (i, i + hd/2) at angle pos * freq(i) go to out(i, o1) and out(i + hd/2, o2).
+template <class W, class F, class Out>
+__device__ __forceinline__ void amk_head_norm_rope(float* y, int hd, bool norm, W w, float eps, int pos, F freq,
+                                                   Out out) {
+  const int lane = amk_lane(), half = hd >> 1;
+  if (norm) {
+    float ss = 0.f;
+    for (int d = lane; d < hd; d += 32) ss += y[d] * y[d];
+    ss = amk_warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (int d = lane; d < hd; d += 32) y[d] = (y[d] * r) * w(d);
+    __syncwarp();
+  }
+  for (int i = lane; i < half; i += 32) {
+    float o1, o2;
+    amk_rope_pair(y[i], y[i + half], pos, freq(i), o1, o2);
+    out(i, o1);
+    out(i + half, o2);
+  }
 }
 
 // ys[r] = (W[row0 + r, :] . xs) * xr + bias[row0 + r]   (r < rows; xr: the RMSNorm scale from amk_stage_x),
@@ -76,6 +103,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const char* wbase = (const char*)amk_ptr(c, AMK_QKV_ROPE_IN_W);
   const int ps = in.ip[AMK_QKV_ROPE_IP_PAIR_START], pc = in.ip[AMK_QKV_ROPE_IP_PAIR_COUNT];
   const int half = hd >> 1, lane = amk_lane();
+  const bool flat = mode == AMK_QKV_MODE_Q || mode == AMK_QKV_MODE_RAW;  // fp32 [heads, hd] destination
   if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
     amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
       amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys, xr);
@@ -86,11 +114,12 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
     void* dst = amk_ptr(c, s_dst);
     const int dst_dt = amk_dtype(c, s_dst);
-    const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)h0 * hd : ((int64_t)h0 * S + pos) * hd;
+    const int64_t base = flat ? (int64_t)h0 * hd : ((int64_t)h0 * S + pos) * hd;
     for (int i = amk_tid(); i < pc; i += AMK_THREADS) {
       float o1 = ys[i], o2 = ys[pc + i];
-      if (mode != AMK_QKV_MODE_V) amk_rope_pair(o1, o2, pos, amk_ldw(inv_freq, inv_dt, ps + i), o1, o2);
-      if (mode == AMK_QKV_MODE_Q) {
+      if (mode == AMK_QKV_MODE_Q || mode == AMK_QKV_MODE_K)
+        amk_rope_pair(o1, o2, pos, amk_ldw(inv_freq, inv_dt, ps + i), o1, o2);
+      if (flat) {
         ((float*)dst)[base + ps + i] = o1;
         ((float*)dst)[base + half + ps + i] = o2;
       } else {
@@ -116,29 +145,61 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   for (int h = amk_warp(); h < hn; h += AMK_NWARPS) {  // one warp per head
     float* y = ys + h * hd;
     // element index of (head h0+h, dim 0) in the destination
-    const int64_t base = mode == AMK_QKV_MODE_Q ? (int64_t)(h0 + h) * hd : ((int64_t)(h0 + h) * S + pos) * hd;
-    if (mode == AMK_QKV_MODE_V) {
+    const int64_t base = flat ? (int64_t)(h0 + h) * hd : ((int64_t)(h0 + h) * S + pos) * hd;
+    if (mode == AMK_QKV_MODE_V || mode == AMK_QKV_MODE_RAW) {
       for (int d = lane; d < hd; d += 32) amk_store_elem(dst, dst_dt, base + d, y[d]);
       continue;
     }
-    if (qkn) {
-      float ss = 0.f;
-      for (int d = lane; d < hd; d += 32) ss += y[d] * y[d];
-      ss = amk_warp_sum(ss);
-      const float r = 1.0f / sqrtf(ss / (float)hd + qk_eps);
-      for (int d = lane; d < hd; d += 32) y[d] = (y[d] * r) * amk_ldw(qkn, qkn_dt, d);
-      __syncwarp();
-    }
-    for (int i = lane; i < half; i += 32) {
-      float o1, o2;
-      amk_rope_pair(y[i], y[i + half], pos, amk_ldw(inv_freq, inv_dt, i), o1, o2);
-      if (mode == AMK_QKV_MODE_Q) {
-        ((float*)dst)[base + i] = o1;
-        ((float*)dst)[base + i + half] = o2;
-      } else {
-        amk_store_elem(dst, dst_dt, base + i, o1);
-        amk_store_elem(dst, dst_dt, base + i + half, o2);
-      }
-    }
+    amk_head_norm_rope(
+        y, hd, qkn != nullptr, [&](int d) { return amk_ldw(qkn, qkn_dt, d); }, qk_eps, pos,
+        [&](int i) { return amk_ldw(inv_freq, inv_dt, i); }, [&](int d, float v) {
+      if (mode == AMK_QKV_MODE_Q) ((float*)dst)[base + d] = v;
+      else amk_store_elem(dst, dst_dt, base + d, v);
+    });
+  }
+}
+
+__device__ __noinline__ void amk_op_qk_norm_rope(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int g = in.ip[AMK_QK_NORM_ROPE_IP_KV_HEAD], G = in.ip[AMK_QK_NORM_ROPE_IP_GROUP];
+  const int hd = in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM], S = in.ip[AMK_QK_NORM_ROPE_IP_MAX_SEQ];
+  const int pos = amk_io_scalar(c, AMK_QK_NORM_ROPE_IN_POS);
+  if (pos < 0 || pos >= S) {
+    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
+    return;
+  }
+  const float* q_raw = (const float*)amk_ptr(c, AMK_QK_NORM_ROPE_IN_Q_RAW) + (int64_t)g * G * hd;
+  const float* k_raw = (const float*)amk_ptr(c, AMK_QK_NORM_ROPE_IN_K_RAW) + (int64_t)g * hd;
+  const void* qw = amk_ptr(c, AMK_QK_NORM_ROPE_IN_Q_NORM_W);
+  const void* kw = amk_ptr(c, AMK_QK_NORM_ROPE_IN_K_NORM_W);
+  const void* inv = amk_ptr(c, AMK_QK_NORM_ROPE_IN_INV_FREQ);
+  const int qw_dt = amk_dtype(c, AMK_QK_NORM_ROPE_IN_Q_NORM_W), kw_dt = amk_dtype(c, AMK_QK_NORM_ROPE_IN_K_NORM_W);
+  const int inv_dt = amk_dtype(c, AMK_QK_NORM_ROPE_IN_INV_FREQ);
+  // smem: ys [G q heads | K head] x hd | wn [q_norm_w | k_norm_w] (fp32) | fr [inv_freq] (fp32); every load is
+  // issued in one pass: one round trip, not one for the rows, then the weight, then inv_freq
+  const int nr = (G + 1) * hd, half = hd >> 1;
+  float* ys = amk_in_smem(c.smem);
+  float* wn = ys + amk_pad4(nr);
+  float* fr = wn + 2 * hd;
+  for (int i = amk_tid(); i < nr + 2 * hd + half; i += AMK_THREADS) {
+    if (i < G * hd) ys[i] = __ldcg(q_raw + i);
+    else if (i < nr) ys[i] = __ldcg(k_raw + (i - G * hd));
+    else if (i < nr + hd) wn[i - nr] = amk_ldw(qw, qw_dt, i - nr);
+    else if (i < nr + 2 * hd) wn[i - nr] = amk_ldw(kw, kw_dt, i - nr - hd);
+    else fr[i - nr - 2 * hd] = amk_ldw(inv, inv_dt, i - nr - 2 * hd);
+  }
+  __syncthreads();
+  float* q = (float*)amk_ptr(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN) + (int64_t)g * G * hd;
+  void* kc = amk_ptr(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);
+  const int kc_dt = amk_dtype(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);
+  const int64_t kbase = ((int64_t)g * S + pos) * hd;
+  const float eps = in.fp[AMK_QK_NORM_ROPE_FP_EPS];
+  for (int h = amk_warp(); h <= G; h += AMK_NWARPS) {  // one warp per head; h == G: the K head
+    const float* w = wn + (h < G ? 0 : hd);
+    amk_head_norm_rope(ys + h * hd, hd, true, [&](int d) { return w[d]; }, eps, pos, [&](int i) { return fr[i]; },
+                       [&](int d, float v) {
+                         if (h < G) q[h * hd + d] = v;
+                         else amk_store_elem(kc, kc_dt, kbase + d, v);
+                       });
   }
 }
