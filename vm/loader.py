@@ -147,15 +147,21 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
             r["flags"] |= abi.INSTR_FLAG_PRELOAD
     out["next_preload"] = -1
     index = {t.id: i for i, t in enumerate(program.tasks)}
-    for q in program.queues:   # chain the flagged tasks of each queue in run order
+    for q in program.queues:   # each flagged task but a queue's first: the task whose start issues its preload
         prev = -1
-        for tid in q:
-            i = index[tid]
-            if out[i]["flags"] & abi.INSTR_FLAG_PRELOAD:
+        for j, tid in enumerate(q):
+            if out[index[tid]]["flags"] & abi.INSTR_FLAG_PRELOAD:
                 if prev >= 0:
-                    out[prev]["next_preload"] = i
-                prev = i
+                    out[index[q[preload_issuer(prev, j)]]]["next_preload"] = index[tid]
+                prev = j
     return out
+
+
+def preload_issuer(prev: int, j: int) -> int:
+    """Queue position whose task start issues the preload of the flagged task at position j, the previous flagged
+    task being at position prev: the task just before j (so the copy lands while the HBM is otherwise idle, e.g.
+    during attention, not during the MLP streaming before it), but never before prev is done with the buffer."""
+    return max(prev + 1, j - 1)
 
 
 def preload_buffer_bytes(instrs: np.ndarray) -> int:

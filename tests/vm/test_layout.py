@@ -138,10 +138,14 @@ def test_preload_flags_and_buffer(cap):
             tiles.append(tile)
     assert preload_buffer_bytes(ins) == (-(-max(tiles) // 128) * 128 if tiles else 0)
     index = {t.id: i for i, t in enumerate(prog.tasks)}
-    for q in prog.queues:   # next_preload chains the flagged tasks of each queue in run order; -1 elsewhere
-        flagged = [index[tid] for tid in q if ins[index[tid]]["flags"] & abi.INSTR_FLAG_PRELOAD]
-        assert [int(ins[i]["next_preload"]) for i in flagged] == flagged[1:] + [-1] * bool(flagged)
-        assert all(ins[index[tid]]["next_preload"] == -1 for tid in q if index[tid] not in flagged)
+    for q in prog.queues:   # every flagged task but the first is issued by exactly one task of its queue: the one
+        #                     just before it, unless that is before the previous flagged task's end; -1 elsewhere
+        pos = [j for j, tid in enumerate(q) if ins[index[tid]]["flags"] & abi.INSTR_FLAG_PRELOAD]
+        want = {max(a + 1, b - 1): index[q[b]] for a, b in zip(pos, pos[1:])}
+        assert {j: int(ins[index[tid]]["next_preload"]) for j, tid in enumerate(q)
+                if ins[index[tid]]["next_preload"] >= 0} == want
+        for a, b in zip(pos, pos[1:]):
+            assert a < max(a + 1, b - 1) <= b
     if cap >= 1 << 20:   # every GEMV-family task of the toy fits 1 MB
         assert len(tiles) == sum(t.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") for t in prog.tasks)
     if cap == 1000:      # some tiles fit, some do not: the cap really decides

@@ -166,10 +166,8 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       s_flag = amk_wait_all(P, s_ins, sm);
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
-      if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.pending >= 0) {
-        amk_pre_issue(p, s_pre, s_pre.pending);
-        s_pre.pending = -1;
-      }
+      if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_ins.next_preload >= 0)
+        amk_pre_issue(p, s_pre, s_ins.next_preload);  // the buffer is free: the loader picked this task
       if (amk_warp() == AMK_NWARPS - 1) amk_prep_slots(p, s_ins, s_slots, amk_lane());
       if (amk_tid() >= 32) {
         const int64_t need = amk_smem_need(p, s_ins);
@@ -182,11 +180,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       return;
     }
-    const int out_ctr = s_ins.out_counter, next_pre = s_ins.next_preload;
-    if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && next_pre >= 0 && s_pre.q == idx) {  // ranges into L1
-      const char* rng = (const char*)(p.instrs + next_pre) + offsetof(AmkInstr, prefetch_ptr);
-      asm volatile("prefetch.global.L1 [%0];" :: "l"(rng));
-    }
+    const int out_ctr = s_ins.out_counter;
     AmkCtx ci_fresh = c;
     if (!AMK_CTX_ONCE) {
       ci_fresh.instr_index = idx;
@@ -209,7 +203,6 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
         t[3] = (uint64_t)sm;
       }
     }
-    if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_pre.q == idx) s_pre.pending = next_pre;  // buffer free
   }
 }
 

@@ -1,16 +1,18 @@
 // Whole-tile weight preload (sm_90+, launch knob preload_kb): a GEMV-family task flagged AMK_INSTR_FLAG_PRELOAD by
 // the loader (its whole weight tile fits the preload buffer) gets its weight ranges bulk-copied into shared memory
-// BEFORE it waits on its counters -- in fact as soon as the previous preloaded task of the block is done with the
-// buffer, so the copy overlaps the unrelated tasks in between (attention, the MLP of the layer before) and the
+// BEFORE it waits on its counters -- at the start of the task before it in the block's queue (vm/loader.py
+// preload_issuer), so the copy overlaps that task (attention, before o_proj: the HBM is mostly idle then) and the
 // phase boundary costs no HBM round trip. The op then runs its usual GEMV tile over shared memory.
 //
 // One buffer, one mbarrier, at most one preload in flight or resident per block, owned by one producer thread
 // (AMK_PRE_THREAD, lane 0 of warp 1, so thread 0's counter waits are not delayed):
 //   * launch start: the producer scans its queue once and issues the first flagged task;
 //   * a flagged task (all threads) waits on the barrier's phase (bounded, TIMEOUT detail AMK_PRELOAD_DETAIL),
-//     computes from the buffer; after the task's closing barrier the producer records the next flagged task of the
-//     queue (AmkInstr.next_preload, chained by the loader) and issues it at the start of the following task,
-//     concurrently with thread 0's counter wait. Its instruction was prefetched into L1 while this task ran.
+//     computes from the buffer;
+//   * a task whose AmkInstr.next_preload is set (by the loader: the task just before the next flagged one, never
+//     before the previous flagged one is done with the buffer) has the producer issue that tile at its start,
+//     concurrently with thread 0's counter wait. (The sixth to tenth sessions issued it right after the previous
+//     flagged task, i.e. during the MLP streaming of the layer before: preload_kb 64 measured +4.6%.)
 // Weights are CONST for the whole launch, so reading them before any wait is always safe (the validator's
 // happens-before proofs concern activations and caches only). The buffer lives between the weight ring and the op
 // area of the dynamic shared memory: [ring | preload buffer (p.preload_bytes) | op area].
@@ -32,7 +34,6 @@
 
 struct AmkPre {
   int q;         // instruction index whose tile is in flight / resident (-1: none)
-  int pending;   // instruction index to issue at the start of the next task (-1: none)
   uint32_t n;    // preloads issued so far (the current one completes phase (n - 1) & 1)
   uint32_t bar;  // shared address of the mbarrier
   uint32_t base; // shared address of the buffer
@@ -67,7 +68,6 @@ __device__ __forceinline__ void amk_pre_issue(const AmkParams& p, AmkPre& P, int
 __device__ __forceinline__ void amk_pre_init(const AmkParams& p, AmkPre& P, uint64_t* bar, void* base, int q0,
                                              int q1) {
   P.q = -1;
-  P.pending = -1;
   P.n = 0;
   P.bar = amk_smem_addr(bar);
   P.base = amk_smem_addr(base);
