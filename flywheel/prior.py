@@ -1,7 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits auto (8 at ctx 512),
-prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b), wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows 512 and auto row tiles
+prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b), wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows auto (512) and auto row tiles
 (gemv/mlp rows 16/64 on llama-3.2-1b) run llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us
 for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on
 132 SMs) runs in 1686 / 2407 us vs 1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
@@ -54,8 +54,9 @@ KNOBS: tuple[Knob, ...] = (
              "smallest warp-friendly count whose tiles fit one wave of SMs (16 on llama-3.2-1b, 8 on qwen3-0.6b)"),
     Knob("mlp_rows", int, 0, choices=(0, 4, 8, 16, 32, 64, 128),
          doc="output rows per fused gate/up (SiLU*up) task; 0 = auto, as for gemv_rows (64 on llama-3.2-1b)"),
-    Knob("lm_head_rows", int, 512, choices=(16, 32, 64, 128, 256, 512),
-         doc="vocabulary rows per LM-head task"),
+    Knob("lm_head_rows", int, 0, choices=(0, 16, 32, 64, 128, 256, 512),
+         doc="vocabulary rows per LM-head task; 0 = auto: at most 512, the tile count rounded up to whole waves of "
+             "SMs when there are more tiles than SMs (qwen3-0.6b: 396 tiles of 384 rows instead of 297 of 512)"),
     Knob("balance_tiles", bool, False, choices=(False, True),
          doc="round the tile counts of o_proj, down, gate/up and the LM head up to a multiple of the SM count "
              "(tile sizes then differ by at most one row): no SM idles in the last wave of a phase"),

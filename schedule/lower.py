@@ -108,6 +108,22 @@ def _row_tiles(b: _Builder, n: int, rows: int):
         yield lo, hi - lo
 
 
+LM_HEAD_AUTO_ROWS = 512   # lm_head_rows 0 (auto): tiles of at most this many rows, in whole waves of SMs
+
+
+def lm_head_tiles(vocab: int, rows: int, n_sms: int) -> list[tuple[int, int]]:
+    """(start, count) tiles of the LM head. rows > 0: that many rows each (the last one shorter). 0 (auto): at most
+    LM_HEAD_AUTO_ROWS rows each; a head of more tiles than SMs gets its tile count rounded up to whole waves
+    (sizes then differ by <= 1 row), so the last wave does not run on a few SMs: qwen3-0.6b's 297 tiles of 512 rows
+    left 33 SMs streaming a third wave alone on 132 SMs (docs/PERF.md, eleventh session)."""
+    if rows > 0:
+        return list(_tiles(vocab, rows))
+    k = -(-vocab // LM_HEAD_AUTO_ROWS)
+    if k > n_sms > 0:
+        k = min(vocab, -(-k // n_sms) * n_sms)
+    return [(vocab * i // k, vocab * (i + 1) // k - vocab * i // k) for i in range(k)]
+
+
 AUTO_MIN_ROWS = 4   # auto row tiles never go below this: smaller tiles are all fixed per-task cost
 
 
@@ -356,7 +372,9 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     c_log = b.counter("logits")
-    for r0, rn in _row_tiles(b, c.vocab, cfg.lm_head_rows):
+    lm_tiles = (list(_row_tiles(b, c.vocab, cfg.lm_head_rows or LM_HEAD_AUTO_ROWS)) if b.balance_sms   # balance_tiles
+                else lm_head_tiles(c.vocab, cfg.lm_head_rows, b.sms))
+    for r0, rn in lm_tiles:
         ins = [xin, lm] + ([nw] if nw is not None else [])
         b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
                                              "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,

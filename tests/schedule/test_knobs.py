@@ -70,8 +70,24 @@ def _check_mlp_rows(p, v):
     assert _count(_lower(num_sms=2), "GEMV_SILU_MUL") == C.n_layers * 2       # on 2 SMs: 96-row tiles (176 rows)
 
 
-def _check_lm_head_rows(p, v):
-    assert _count(p, "GEMV", "lm_head") == _tiles(C.vocab, v)
+def _check_lm_head_rows(p, v):   # on llama-3.2-1b's shapes (WIDE): auto makes whole waves there
+    vocab = next(b.numel for b in p.buffers if b.name == "logits")
+    assert _count(p, "GEMV", "lm_head") == _tiles(vocab, v)
+
+
+@pytest.mark.parametrize("model,sms,tiles", [("toy", 132, 1), ("llama-3.2-1b", 132, 264), ("qwen3-0.6b", 132, 396),
+                                              ("llama-3.2-1b", 64, 256), ("qwen3-0.6b", 100, 300)])
+def test_lm_head_rows_auto_fills_whole_waves(model, sms, tiles):
+    """lm_head_rows 0: tiles of at most 512 rows; more tiles than SMs -> a multiple of the SM count, sizes within
+    one row of each other, covering the vocabulary once in order."""
+    g = TOY if model == "toy" else load_model(model, dtype="bf16", device="meta")
+    p = lower(g, H100, {**defaults(), "num_sms": sms}, max_seq=64)
+    lm = [t for t in p.tasks if t.label.startswith("lm_head")]
+    assert len(lm) == tiles and (tiles <= sms or tiles % sms == 0)
+    rows = [t.params["row_count"] for t in lm]
+    assert max(rows) <= 512 and max(rows) - min(rows) <= (1 if tiles > 1 else 0)
+    assert [t.params["row_start"] for t in lm] == [sum(rows[:i]) for i in range(tiles)]
+    assert sum(rows) == g.config.vocab
 
 
 def _check_qkv_heads(p, v):
@@ -186,7 +202,8 @@ def _check_balance_tiles(p, v):
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
-WIDE = {"mlp_prefetch_kb": load_model("llama-3.2-1b", dtype="bf16", device="meta")}
+_LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
+WIDE = {"mlp_prefetch_kb": _LLAMA1B, "lm_head_rows": _LLAMA1B}
 
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
