@@ -1,10 +1,12 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
-Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22): attn_splits auto (8 at ctx 512),
-prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b), wait_prefetch_kb 64, mlp_prefetch_kb 64, lm_head_rows auto (512) and auto row tiles
-(gemv/mlp rows 16/64 on llama-3.2-1b) run llama-3.2-1b bf16 at ctx 512 in ~1390 us in an interleaved A/B, vs 2254 us
-for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64). At ctx 8192 / 32768 the auto split (16 on
-132 SMs) runs in 1686 / 2407 us vs 1908 / 3311 us with 8 splits and the MLP prefetch (fifth session).
+Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): attn_splits auto (8 at ctx 512),
+prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b, 4 on qwen3-0.6b), wait_prefetch_kb 64, mlp_prefetch_kb 64,
+lm_head_rows auto (tiles of <= 512 rows in whole waves) and auto row tiles (gemv/mlp rows 16/64 on llama-3.2-1b).
+With the row tiles and splits (fifth session) llama-3.2-1b bf16 ran at ctx 512 in ~1390 us in an interleaved A/B, vs
+2254 us for the first defaults (attn_splits 1, prefetch_depth 2, rows 16/32/64); ~1230 us since the tenth session.
+At ctx 8192 / 32768 the auto split (16 on 132 SMs) ran in 1686 / 2407 us vs 1908 / 3311 us with 8 splits and the MLP
+prefetch (fifth session).
 
 ``ScheduleConfig`` (schedule/ir.py), ``harness.search_space()`` and ``schemas/schedule_config.schema.json`` are all
 derived from ``KNOBS``. Every knob changes the lowered program, the kernel build or a launch parameter; tests/schedule/test_knobs.py

@@ -228,6 +228,8 @@ class TaskChecks:
             if len(shp) == 3:
                 need(numel("k_raw") == shp[0] * hd, f"k_raw has {numel('k_raw')} elements, want n_kv*head_dim = "
                                                     f"{shp[0] * hd}")
+            need(all(self.kinds[s[b]] == BufferKind.ACTIVATION for b in ("q_raw", "k_raw", "q")),
+                 "q_raw, k_raw and q must be ACTIVATION buffers (fp32 on the device)")
             need(numel("q_raw") == numel("q") and numel("q") >= (g + 1) * G * hd,
                  f"q_raw / q must have the same size, at least (kv_head+1)*group*head_dim = {(g + 1) * G * hd}")
             need(numel("inv_freq") == hd // 2, "inv_freq size != head_dim/2")

@@ -238,8 +238,8 @@ def op_l2_prefetch(vm, t):
 
 
 REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
-             "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode, "ATTN_PARTIAL": op_attn_partial,
-             "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
+             "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode,
+             "ATTN_PARTIAL": op_attn_partial, "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
              "L2_PREFETCH": op_l2_prefetch}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 

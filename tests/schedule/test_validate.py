@@ -445,6 +445,10 @@ def test_qk_norm_rope_shapes_and_raw_mode_are_checked():
     rejected(p, f"task {qkn.id} (QK_NORM_ROPE", "k_raw has 96 elements, want n_kv*head_dim = 32")
     p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
     qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
+    qkn.inputs[0] = next(b.id for b in p.buffers if b.name.endswith("q_proj.weight"))   # a bf16-able WEIGHT as q_raw
+    rejected(p, f"task {qkn.id} (QK_NORM_ROPE", "q_raw, k_raw and q must be ACTIVATION buffers")
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
     attn = next(t for t in p.tasks if t.op.startswith("ATTN_") and t.waits and t.waits[0].counter == qkn.out_counter
                 and t.sm != qkn.sm)
     attn.waits = []   # attention on another SM no longer ordered after the task that writes its K row
