@@ -407,10 +407,12 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   if (partial) {
     sp = in.ip[AMK_ATTN_PARTIAL_IP_SPLIT];
     ns = in.ip[AMK_ATTN_PARTIAL_IP_N_SPLITS];
-    const int n = hi - lo;  // floor(n * sp / ns): 32-bit division where n * ns fits (a 64-bit one is a slow call)
+    const int n = hi - lo;  // floor(n * k / ns): 32-bit division where n * ns fits (a 64-bit one is a slow call)
     const bool small = (int64_t)n * ns <= 0x7fffffff;
-    const int a = lo + (small ? (int)((unsigned)(n * sp) / (unsigned)ns) : (int)(((int64_t)n * sp) / ns));
-    const int b = lo + (small ? (int)((unsigned)(n * (sp + 1)) / (unsigned)ns) : (int)(((int64_t)n * (sp + 1)) / ns));
+    auto bound = [&](int k) {
+      return lo + (small ? (int)((unsigned)(n * k) / (unsigned)ns) : (int)(((int64_t)n * k) / ns));
+    };
+    const int a = bound(sp), b = bound(sp + 1);
     lo = a;
     hi = b;
   }

@@ -151,24 +151,28 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   // row-g pairs of k 2tq.. and 8+2tq..); re-read per chunk (registers are kept for O). With one k-step per warp
   // (AMK_ATTN_QFIRST) the q loads are issued before the first KV tiles: loads an SM issues after a batch of
   // others wait behind them (docs/PERF.md, ninth session), and q is on the critical path, the tiles are not.
-  if constexpr (AMK_ATTN_QFIRST && KSTEPS <= AMK_NWARPS) {
-    float2 x = make_float2(0.f, 0.f), y = x;
-    if (gv && warp < KSTEPS) {
-      x = __ldcg((const float2*)(q + g * D + 16 * warp + 2 * tq));
-      y = __ldcg((const float2*)(q + g * D + 16 * warp + 8 + 2 * tq));
+  auto q_load = [=](int s, bool v, float2& x, float2& y) {  // k-step s of head row g: elements 2tq.. and 8+2tq..
+    x = make_float2(0.f, 0.f), y = x;
+    if (v) {
+      x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
+      y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
     }
+  };
+  auto q_store = [=](int s, float2 x, float2 y) {
+    qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+  };
+  if constexpr (AMK_ATTN_QFIRST && KSTEPS <= AMK_NWARPS) {
+    float2 x, y;
+    q_load(warp, gv && warp < KSTEPS, x, y);
     for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
-    if (warp < KSTEPS) qf[warp * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+    if (warp < KSTEPS) q_store(warp, x, y);
   } else {
     for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);  // q is read while the first tiles are in flight
 #pragma unroll
     for (int s = warp; s < KSTEPS; s += AMK_NWARPS) {
-      float2 x = make_float2(0.f, 0.f), y = x;
-      if (gv) {
-        x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
-        y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
-      }
-      qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
+      float2 x, y;
+      q_load(s, gv, x, y);
+      q_store(s, x, y);
     }
   }
   amk_mark(c, 1);
