@@ -1,79 +1,407 @@
-"""Predicted latency of a program without a GPU: an event simulation of the per-SM queues.
+"""Predicted latency of a program without a GPU: an event simulation of the per-SM queues with shared HBM bandwidth.
 
-Each task costs ``bytes / per_sm_bandwidth + overhead``; it starts when its SM is free and every counter it waits
-on is complete. Per-SM bandwidth is the HBM bandwidth shared by the SMs that hold work, capped by what one SM can
-pull (measured on H100: ~23 GB/s per SM with 16 KB in flight, more with deeper prefetch). KV bytes of attention
-tasks are taken at the given context length, not at the cache capacity.
+What one task costs, in the order the megakernel runs it (vm/csrc/megakernel.cu; segments as measured by
+``scripts/trace_breakdown.py --marks``):
 
-Calibration (H100, 2026-11-22, from the first variant sweep only -- docs/PERF.md "sweep A"; later runs are held out):
-* per-task overhead ~2.5 us: doubling tile rows (5,098 fewer tasks, ~39 per SM) saved 114 us;
-* attention is latency-bound, ~0.05 us per cached position per task: 8 KV splits saved ~28 us per layer at ctx 512;
-* L2 look-ahead prefetch did not raise per-SM bandwidth (depth 2 was 7% slower than 0), so it is not modelled.
+    ready      every counter it waits on is complete, plus ``notice_us`` (the polling thread sees the release)
+    entry      ``entry_us``: the barrier after the wait, dispatch
+    stage      one dependent L2 round trip for its input vector (x, q, partials), plus its bytes at ``stage_gbps``
+    main       a first round trip, then its HBM bytes (weights, KV rows at the context) as a *flow*; bytes already
+               in L2 (see below) are read at ``l2_gbps``; attention adds ``attn_pos_us`` per position and q head
+    tail       stragglers to the closing barrier: ``tail_us`` + ``tail_frac`` x the streaming time (+ per-op extras)
+    signal     ``signal_us``: fence + release of the out counter; the SM then takes its next task
+
+Every flow in flight shares the HBM equally, each capped by what one SM can pull (``sm_gbps``): a phase of 32 tasks
+streams at 32 x ``sm_gbps``, a phase of 128 at the HBM's rate. A round trip's latency grows with the HBM load at its
+start (``l2_us`` + ``l2_load_us`` x load), which is how prefetch traffic during the latency-bound attention chain
+costs time (docs/PERF.md, fourth and tenth sessions: every byte added to it measured slower).
+
+Bytes that reach L2 before their task streams them, each a flow of its own that competes for the HBM:
+* ``wait_prefetch_kb`` (launch knob): a task that must wait asks L2 for the head of its weights while it waits;
+* L2_PREFETCH tasks (``mlp_prefetch_kb``): matched to the consumer tasks whose weight ranges they cover;
+* ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
+What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
+shared-memory preload) is not modelled.
+
+Calibration (H100, ``CALIB``): against the current kernel's measurements in ``docs/measured_ab_h100.jsonl`` (the
+tenth- and eleventh-session A/B tables and benches, transcribed from docs/PERF.md) with
+``scripts/calibrate_cost_model.py``; constants that a trace measured directly (entry, signal, stage) keep their
+traced values. Other GPUs scale the bandwidths with ``hbm_gbps``; their latencies are H100's (not calibrated).
+A ``predicted`` latency ranks schedules; it is never a measurement (docs/PERF.md, twelfth session, says how well).
 """
 from __future__ import annotations
 
-from schedule.ir import MegakernelProgram, GpuTarget
+import bisect
+import dataclasses
+import heapq
 
-TASK_OVERHEAD_US = 2.5      # dispatch + wait + x staging + block-wide reductions per task
-PER_SM_GBPS = 23.0          # streaming rate of one SM when every SM streams (3.05 TB/s / 132)
-ATTN_US_PER_POSITION = 0.05
-PREFETCH_US = 1.0           # one L2_PREFETCH task: wait + issue (assumed, not calibrated)
+from schedule.ir import BufferKind, GpuTarget, MegakernelProgram
+from schedule.ops import accesses, weight_ranges
+from vm.abi import QKV_MODE_RAW
+
+GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
+ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
+H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it
+WARM_BYTES = 16384     # a task whose prefetch has landed this much starts its stream from L2 (no hbm_us)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calib:
+    """Cost constants (us; GB/s at the H100's 3050 GB/s). 'fit': scripts/calibrate_cost_model.py --fit (docs/PERF.md,
+    twelfth session); 'trace': read off a trace_breakdown.py table; 'set': assumed, too small to fit."""
+    bw_eff: float = 1.0              # fit: share of target.hbm_gbps the flows reach (H100 read measured 3066 GB/s)
+    sm_gbps: float = 41.86           # fit: what one SM streams alone (64 KB of loads in flight)
+    entry_us: float = 0.15           # trace (tenth session): ready -> op entry
+    signal_us: float = 0.42          # trace: barrier -> counter released
+    notice_us: float = 0.255         # fit: release -> the waiting thread sees it
+    l2_us: float = 0.8               # fit: one dependent L2 round trip on an idle HBM
+    l2_load_us: float = 0.56         # fit: + this much at full HBM load
+    hbm_us: float = 0.4891           # fit: a first weight batch from HBM takes this much more than one from L2
+    stage_gbps: float = 83.5705      # fit: input vectors staged from L2, per SM
+    l2_gbps: float = 38.85           # fit: prefetched weights read from L2, per SM
+    tail_us: float = 0.6222          # fit: stragglers to the closing barrier ...
+    tail_frac: float = 0.0149        # fit: ... + this share of the streaming time
+    qkv_epilogue_us: float = 0.8682  # fit: RoPE / K-V append after a QKV tile's rows
+    qknorm_epilogue_us: float = 3.12  # fit from the trace's 3.0 us: + a whole-head tile's QK-norm
+    attn_pos_us: float = 0.0005      # fit: per cached position and q head of an attention task
+    attn_tail_us: float = 1.7685     # fit: attention's softmax merge across warps and its partial's store
+    merge_us: float = 1.2536         # fit: ATTN_MERGE / QK_NORM_ROPE arithmetic after their loads
+    fused_merge_gbps: float = 12.0   # trace (ninth session): an o_proj tile merging the split-KV partials while it
+                                     # stages them (stage 1.5 -> 6.3 us for 67 KB of partials)
+    prefetch_issue_us: float = 0.2   # set: an L2_PREFETCH task's issue
+    argmax_gbps: float = 40.0        # set: ARGMAX reading the logits on one SM
+    launch_us: float = 0.9519        # fit: per step, the launch and block start inside the replayed graph
+    threads_ref: int = 512           # sm_gbps holds at this many threads per block (fewer: proportionally less)
+
+    def scaled(self, **kw) -> "Calib":
+        return dataclasses.replace(self, **kw)
+
+
+CALIB = Calib()
 
 
 def attn_positions(task, ctx: int) -> int:
-    p = task.params
-    n = min(ctx, int(p["max_seq"]))
-    return -(-n // int(p["n_splits"])) if task.op == "ATTN_PARTIAL" else n
-
-
-def task_us(program: MegakernelProgram, task, ctx: int, per_sm: float) -> float:
-    """Predicted time of one task on one SM (per_sm: bytes per us). An L2_PREFETCH only issues requests:
-    PREFETCH_US (an assumption, not calibrated), and its bytes stay with the consumer."""
-    if task.op == "L2_PREFETCH":
-        return PREFETCH_US
-    t = task_bytes(program, task, ctx) / per_sm + TASK_OVERHEAD_US
-    if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        t += ATTN_US_PER_POSITION * attn_positions(task, ctx)
-    return t
+    """Cached positions one attention task reads at context ``ctx`` (the step writes position ctx, reads 0..ctx)."""
+    n = min(ctx + 1, int(task.params["max_seq"]))
+    return -(-n // int(task.params["n_splits"])) if task.op == "ATTN_PARTIAL" else n
 
 
 def task_bytes(program: MegakernelProgram, task, ctx: int) -> int:
-    if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        p = task.params
-        kv = 2 * min(ctx, int(p["max_seq"])) * int(p["head_dim"]) * program.buffers[task.inputs[1]].dtype.nbytes
-        if task.op == "ATTN_PARTIAL":
-            kv //= int(p["n_splits"])
-        return kv
-    return task.est_bytes
+    """HBM bytes of one task at context ``ctx``: its weight ranges, or an attention task's K and V rows."""
+    if task.op in ATTN_OPS:
+        kv = program.buffers[task.inputs[1]]
+        return 2 * attn_positions(task, ctx) * int(task.params["head_dim"]) * kv.dtype.nbytes
+    if task.op == "EMBED":
+        return int(task.params["col_count"]) * program.buffers[task.inputs[0]].dtype.nbytes
+    return sum((a.hi - a.lo) * program.buffers[a.buffer].dtype.nbytes for a in _weights(program, task))
 
 
-def predict_us(program: MegakernelProgram, target: GpuTarget | None = None, ctx: int = 512) -> float:
-    t = target or program.target
-    busy = sum(1 for q in program.queues if q) or 1
-    per_sm = max(t.hbm_gbps / busy, PER_SM_GBPS * t.hbm_gbps / 3050.0) * 1e3   # bytes/us
-    done_at = [0.0] * len(program.counters)
-    pending = [0] * len(program.counters)
-    for task in program.tasks:
+def _weights(program, task):
+    if task.op == "L2_PREFETCH" or task.op in GEMV_OPS:
+        return weight_ranges(task, lambda b: program.buffers[b].numel)
+    return []
+
+
+def staged_bytes(program: MegakernelProgram, task) -> int:
+    """Bytes a task loads from L2 before its main loop: activations (fp32), IO scalars, small constants."""
+    if task.op in ("L2_PREFETCH", "EMBED", "ARGMAX"):
+        return 0
+    n = 0
+    for a in accesses(task, lambda b: program.buffers[b].numel):
+        buf = program.buffers[a.buffer]
+        if a.write or buf.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE) and a.slot not in ("norm_w", "qk_norm_w",
+                                                                                              "q_norm_w", "k_norm_w"):
+            continue
+        n += (a.hi - a.lo) * (4 if buf.kind == BufferKind.ACTIVATION else buf.dtype.nbytes)
+    return n
+
+
+class _Flows:
+    """Flows sharing the HBM equally, each capped: all progress at one rate, so a virtual clock (bytes moved by a
+    flow active since t=0) orders their ends in a heap."""
+
+    def __init__(self, bw: float, cap: float):
+        self.bw, self.cap = bw, cap        # bytes / us
+        self.v, self.t, self.n = 0.0, 0.0, 0
+        self.heap: list[tuple[float, int]] = []
+        self.end_v: dict[int, float] = {}  # live flow id -> virtual end
+        self.size: dict[int, float] = {}
+
+    def rate(self) -> float:
+        return min(self.cap, self.bw / self.n) if self.n else 0.0
+
+    def load(self) -> float:
+        return self.n * self.rate() / self.bw
+
+    def advance(self, t: float) -> None:
+        self.v += self.rate() * (t - self.t)
+        self.t = t
+
+    def add(self, fid: int, nbytes: float) -> None:
+        self.end_v[fid], self.size[fid] = self.v + nbytes, nbytes
+        heapq.heappush(self.heap, (self.v + nbytes, fid))
+        self.n += 1
+
+    def done_bytes(self, fid: int) -> float:
+        if fid not in self.end_v:
+            return self.size.get(fid, 0.0)
+        return self.size[fid] - (self.end_v[fid] - self.v)
+
+    def cancel(self, fid: int) -> float:
+        """Stop a live flow; returns the bytes it had moved."""
+        done = self.done_bytes(fid)
+        if fid in self.end_v:
+            del self.end_v[fid]
+            self.n -= 1
+        return done
+
+    def next_end(self) -> tuple[float, int] | None:
+        while self.heap and self.heap[0][1] not in self.end_v:
+            heapq.heappop(self.heap)
+        if not self.heap:
+            return None
+        r = self.rate()
+        return self.t + max(0.0, self.heap[0][0] - self.v) / r, self.heap[0][1]
+
+    def finish(self, fid: int) -> None:
+        del self.end_v[fid]
+        self.n -= 1
+
+
+@dataclasses.dataclass
+class SimResult:
+    """Per-task times (us from the step's start) of one simulated step, indexed like program.tasks: ``ready`` (the
+    op entered), ``start`` (its main loop began streaming), ``end`` (its counter released)."""
+    ready: list[float]
+    start: list[float]
+    end: list[float]
+    step_us: float          # makespan + launch
+
+
+class Prepared:
+    """The static facts of a program the simulation needs (bytes, staged bytes, prefetch consumers), computed once
+    per (program, ctx): a calibration re-simulates the same programs under many constants."""
+
+    def __init__(self, program: MegakernelProgram, ctx: int):
+        if ctx < 0:
+            raise ValueError(f"predict_us: ctx {ctx} must be >= 0")
+        self.program, self.ctx = program, ctx
+        n = len(program.tasks)
+        self.index = {t.id: i for i, t in enumerate(program.tasks)}
+        self.bytes = [task_bytes(program, t, ctx) for t in program.tasks]
+        self.staged = [staged_bytes(program, t) for t in program.tasks]
+        # an o_proj tile that merges the split-KV partials (x_splits > 0) stages them at fused_merge_gbps instead
+        self.merged = [self.staged[i] if int(t.params.get("x_splits", 0)) > 0 else 0
+                       for i, t in enumerate(program.tasks)]
+        self.staged = [s - m for s, m in zip(self.staged, self.merged)]
+        self.positions = [attn_positions(t, ctx) if t.op in ATTN_OPS else 0 for t in program.tasks]
+        self.sm_of = [0] * n
+        for s, q in enumerate(program.queues):
+            for tid in q:
+                self.sm_of[self.index[tid]] = s
+        self.consumers_of = _prefetch_consumers(program)
+
+
+def _prefetch_consumers(program: MegakernelProgram) -> dict[int, list[tuple[int, int]]]:
+    """{L2_PREFETCH task index: [(consumer task index, bytes of the consumer's weights it covers)]}."""
+    by_buf: dict[int, list[tuple[int, int, int]]] = {}
+    for i, t in enumerate(program.tasks):
+        if t.op in GEMV_OPS:
+            for a in _weights(program, t):
+                by_buf.setdefault(a.buffer, []).append((a.lo, a.hi, i))
+    for v in by_buf.values():
+        v.sort()
+    out: dict[int, list[tuple[int, int]]] = {}
+    for i, t in enumerate(program.tasks):
+        if t.op != "L2_PREFETCH":
+            continue
+        cov = out.setdefault(i, [])
+        for a in _weights(program, t):
+            rows = by_buf.get(a.buffer, [])
+            k = max(0, bisect.bisect_right(rows, (a.lo, 1 << 62, 0)) - 1)
+            while k < len(rows) and rows[k][0] < a.hi:
+                lo, hi, ci = rows[k]
+                ov = min(hi, a.hi) - max(lo, a.lo)
+                if ov > 0:
+                    cov.append((ci, ov * program.buffers[a.buffer].dtype.nbytes))
+                k += 1
+    return out
+
+
+class _Sim:
+    def __init__(self, pre: Prepared, target: GpuTarget, calib: Calib):
+        program = pre.program
+        self.p, self.c, self.pre = program, calib, pre
+        cfg = program.config or {}
+        scale = target.hbm_gbps / H100_GBPS
+        threads = int(cfg.get("threads_per_block", calib.threads_ref))
+        per_sm = calib.sm_gbps * scale * min(1.0, threads / calib.threads_ref)
+        self.flows = _Flows(target.hbm_gbps * calib.bw_eff * 1e3, per_sm * 1e3)   # GB/s -> bytes / us
+        self.stage_bpu, self.l2_bpu = calib.stage_gbps * scale * 1e3, calib.l2_gbps * scale * 1e3
+        self.merge_bpu = calib.fused_merge_gbps * scale * 1e3
+        self.wait_pf = int(cfg.get("wait_prefetch_kb", 64)) * 1024
+        self.depth = int(cfg.get("prefetch_depth", 0))
+        grid = max(1, sum(1 for q in program.queues if q))
+        self.depth_cap = int(target.l2_bytes * 0.5 / grid / self.depth) if self.depth else 0
+        n = len(program.tasks)
+        self.index, self.bytes, self.sm_of = pre.index, pre.bytes, pre.sm_of
+        self.ready, self.start, self.end = [0.0] * n, [0.0] * n, [0.0] * n
+        self.streamed = [False] * n
+        self.l2_done = [0.0] * n           # bytes of the task found in L2 when it streams
+        self.pf_flows: list[list[int]] = [[] for _ in range(n)]   # prefetch flows that feed task i
+        self.pending = [0] * len(program.counters)
+        for t in program.tasks:
+            if t.out_counter >= 0:
+                self.pending[t.out_counter] += 1
+        self.done_at = [0.0] * len(program.counters)
+        self.blocked: dict[int, list] = {}       # task -> [open counters left, time its SM reached it]
+        self.waiting_on: dict[int, list[int]] = {}   # counter -> tasks blocked on it
+        self.timers: list[tuple[float, int, str, int]] = []
+        self.seq = 0
+        self.heads = [0] * len(program.queues)
+        self.next_fid = n                   # flow ids: task i streams as flow i; prefetch flows above n
+
+    # ---- prefetch bookkeeping ------------------------------------------------------------------------------
+    def _prefetch(self, consumer: int, nbytes: float) -> None:
+        if nbytes <= 0 or self.streamed[consumer]:
+            return
+        fid = self.next_fid
+        self.next_fid += 1
+        self.flows.add(fid, nbytes)
+        self.pf_flows[consumer].append(fid)
+
+    # ---- events --------------------------------------------------------------------------------------------
+    def _timer(self, t: float, kind: str, i: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.timers, (t, self.seq, kind, i))
+
+    def _lat(self) -> float:
+        return self.c.l2_us + self.c.l2_load_us * self.flows.load()
+
+    def _next_task(self, sm: int, t: float) -> None:
+        q = self.p.queues[sm]
+        if self.heads[sm] >= len(q):
+            return
+        i = self.index[q[self.heads[sm]]]
+        self.heads[sm] += 1
+        task = self.p.tasks[i]
+        if self.depth:   # L2 look-ahead: the next `depth` queued tasks' weights
+            for qn in q[self.heads[sm]:self.heads[sm] + self.depth]:
+                j = self.index[qn]
+                if not self.pf_flows[j] and self.p.tasks[j].op in GEMV_OPS:
+                    self._prefetch(j, min(self.bytes[j], self.depth_cap))
+        open_counters = [w.counter for w in task.waits if self.pending[w.counter] > 0]
+        if open_counters:
+            if self.wait_pf and task.op in GEMV_OPS and not self.pf_flows[i]:
+                self._prefetch(i, min(self.bytes[i], self.wait_pf))
+            self.blocked[i] = [len(open_counters), t]
+            for k in open_counters:
+                self.waiting_on.setdefault(k, []).append(i)
+            return
+        r = max([t] + [self.done_at[w.counter] + self.c.notice_us for w in task.waits])
+        self._timer(r, "ready", i)
+
+    def _ready(self, i: int, t: float) -> None:
+        c, task = self.c, self.p.tasks[i]
+        self.ready[i] = t
+        if task.op == "L2_PREFETCH":
+            for ci, nbytes in self.pre.consumers_of.get(i, []):
+                self._prefetch(ci, nbytes)
+            self._timer(t + c.entry_us + c.prefetch_issue_us, "end", i)
+            return
+        a = c.entry_us
+        if task.op in GEMV_OPS or task.op in ATTN_OPS:   # stage the input, then the first batch's round trip
+            lat = self._lat()
+            warm = sum(self.flows.done_bytes(f) for f in self.pf_flows[i]) >= min(self.bytes[i], WARM_BYTES)
+            a += 2 * lat + (0.0 if warm else c.hbm_us) + self.pre.staged[i] / self.stage_bpu
+            a += self.pre.merged[i] / self.merge_bpu
+        elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE", "RMSNORM", "ADD", "EMBED", "ARGMAX"):
+            a += self._lat() + self.pre.staged[i] / self.stage_bpu
+        self._timer(t + a, "stream", i)
+
+    def _stream(self, i: int, t: float) -> None:
+        found = sum(self.flows.cancel(f) for f in self.pf_flows[i])    # in L2 now; the rest joins our stream
+        found = min(found, self.bytes[i])
+        self.l2_done[i] = found
+        left = self.bytes[i] - found
+        self.start[i], self.streamed[i] = t, True
+        if left > 0:
+            self.flows.add(i, left)
+        else:
+            self._after_stream(i, t, t)
+
+    def _after_stream(self, i: int, t0: float, t: float) -> None:
+        c, task = self.c, self.p.tasks[i]
+        b = self.l2_done[i] / self.l2_bpu + c.signal_us * (task.out_counter >= 0)
+        if task.op in ATTN_OPS:
+            b += c.attn_tail_us + c.attn_pos_us * self.pre.positions[i] * int(task.params["group"])
+        elif task.op in GEMV_OPS:
+            b += c.tail_us + c.tail_frac * (t - t0)
+            if task.op == "QKV_ROPE" and int(task.params.get("mode", 0)) != QKV_MODE_RAW:   # RAW: no epilogue
+                b += c.qkv_epilogue_us + c.qknorm_epilogue_us * int(task.params.get("has_qknorm", 0))
+        elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE"):
+            b += c.merge_us + self._lat()
+        elif task.op == "ARGMAX":
+            b += 4 * int(task.params["n"]) / (c.argmax_gbps * 1e3)
+        self._timer(t + b, "end", i)
+
+    def _end(self, i: int, t: float) -> None:
+        task = self.p.tasks[i]
+        self.end[i] = t
         if task.out_counter >= 0:
-            pending[task.out_counter] += 1
-    heads = [0] * len(program.queues)
-    free = [0.0] * len(program.queues)
-    left = sum(len(q) for q in program.queues)
-    while left:
-        progressed = False
-        for sm, q in enumerate(program.queues):
-            while heads[sm] < len(q):
-                task = program.tasks[q[heads[sm]]]
-                if any(pending[w.counter] > 0 for w in task.waits):
-                    break
-                start = max([free[sm]] + [done_at[w.counter] for w in task.waits])
-                free[sm] = start + task_us(program, task, ctx, per_sm)
-                if task.out_counter >= 0:
-                    pending[task.out_counter] -= 1
-                    done_at[task.out_counter] = max(done_at[task.out_counter], free[sm])
-                heads[sm] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError("predict_us: the program deadlocks (validate() it first)")
-    return max(free)
+            k = task.out_counter
+            self.pending[k] -= 1
+            self.done_at[k] = max(self.done_at[k], t)
+            if self.pending[k] == 0:
+                for w in self.waiting_on.pop(k, []):
+                    self.blocked[w][0] -= 1
+                    if self.blocked[w][0] == 0:
+                        since = self.blocked.pop(w)[1]
+                        self._timer(max([since] + [self.done_at[x.counter] + self.c.notice_us
+                                                   for x in self.p.tasks[w].waits]), "ready", w)
+        self._next_task(self.sm_of[i], t)
+
+    def run(self) -> SimResult:
+        for sm in range(len(self.p.queues)):
+            self._next_task(sm, 0.0)
+        stream_t0: dict[int, float] = {}
+        done = 0
+        while True:
+            nf = self.flows.next_end()
+            if self.timers and (nf is None or self.timers[0][0] <= nf[0]):
+                t, _, kind, i = heapq.heappop(self.timers)
+                self.flows.advance(t)
+                if kind == "ready":
+                    self._ready(i, t)
+                elif kind == "stream":
+                    stream_t0[i] = t
+                    self._stream(i, t)
+                else:
+                    done += 1
+                    self._end(i, t)
+            elif nf is not None:
+                t, fid = nf
+                self.flows.advance(t)
+                self.flows.finish(fid)
+                if fid < len(self.p.tasks):
+                    self._after_stream(fid, stream_t0[fid], t)
+            else:
+                break
+        if done != len(self.p.tasks):
+            raise ValueError(f"predict_us: the program deadlocks ({len(self.p.tasks) - done} tasks never ran; "
+                             "validate() it first)")
+        return SimResult(self.ready, self.start, self.end, max(self.end, default=0.0) + self.c.launch_us)
+
+
+def simulate(program: MegakernelProgram | Prepared, target: GpuTarget | None = None, ctx: int = 512,
+             calib: Calib = CALIB) -> SimResult:
+    """One decode step at context ``ctx`` (the step reads positions 0..ctx), simulated. A ``Prepared`` program
+    carries its own ctx."""
+    pre = program if isinstance(program, Prepared) else Prepared(program, ctx)
+    return _Sim(pre, target or pre.program.target, calib).run()
+
+
+def predict_us(program: MegakernelProgram | Prepared, target: GpuTarget | None = None, ctx: int = 512,
+               calib: Calib = CALIB) -> float:
+    """Predicted us per decode step (``latency_kind`` 'predicted')."""
+    return simulate(program, target, ctx, calib).step_us
