@@ -1,7 +1,8 @@
 """The cost model (schedule/cost_model.py): its simulator on hand-built programs against hand-computed times, and
 its predictions against real H100 measurements:
 * docs/measured_ab_h100.jsonl: the current kernel (tenth and eleventh sessions' A/B tables and benches, 38 timings);
-  the constants were fitted on all but the eleventh-session groups, which are held out;
+  the constants were fitted on all but the eleventh-session groups, which are held out (and before the
+  prefetch_depth 1 point was added: a known miss, predicted +2.8% vs measured +11.7%);
 * docs/measured_configs_h100.jsonl: 35 timings of 26 llama-3.2-1b configs of the first two sessions' kernel (ranking
   only: that kernel was ~1.3-1.8x slower). Spearman is computed by the rank script's own code and cross-checked
   against a hand-computed tiny case."""
@@ -146,7 +147,7 @@ def test_deadlock_is_an_error_not_a_hang():
 # ---- the current kernel's measurements (docs/measured_ab_h100.jsonl) -------------------------------------------
 # bounds a little above what CALIB reaches (docs/PERF.md, twelfth session), so a change that makes the model track
 # the measurements worse fails here
-BENCH_TOL, FIT_REL, HELD_REL, PAIRS_OK = 0.04, 0.018, 0.024, 23
+BENCH_TOL, FIT_REL, HELD_REL, PAIRS_OK = 0.04, 0.023, 0.024, 26
 
 @pytest.fixture(scope="module")
 def current():
@@ -158,7 +159,7 @@ def test_predictions_track_the_current_kernels_measurements(current):
     """Calibrated on the tenth-session groups and the benches; the eleventh-session groups (e11-*) were held out
     of the fit (scripts/calibrate_cost_model.py --holdout e11-)."""
     recs, progs = current
-    assert len(recs) == 38 and len({r["group"] for r in recs}) == 14
+    assert len(recs) == 39 and len({r["group"] for r in recs}) == 14
     pred = cal.predict_all(recs, progs, cm.CALIB)
     for r, p in zip(recs, pred):
         if r["group"].startswith("bench-"):
