@@ -25,9 +25,10 @@ shared-memory preload) is not modelled.
 
 Calibration (H100, ``CALIB``): against the current kernel's measurements in ``docs/measured_ab_h100.jsonl`` (the
 tenth- and eleventh-session A/B tables and benches, transcribed from docs/PERF.md) with
-``scripts/calibrate_cost_model.py``; constants that a trace measured directly (entry, signal, stage) keep their
-traced values. Other GPUs scale the bandwidths with ``hbm_gbps``; their latencies are H100's (not calibrated).
-A ``predicted`` latency ranks schedules; it is never a measurement (docs/PERF.md, twelfth session, says how well).
+``scripts/calibrate_cost_model.py --fit --holdout e11-`` (the eleventh-session groups held out); constants that a
+trace measured directly (entry, signal, the fused merge's staging) keep their traced values. Other GPUs scale the
+bandwidths with ``hbm_gbps``; their latencies are H100's (not calibrated). A ``predicted`` latency ranks schedules;
+it is never a measurement (docs/PERF.md, twelfth session, says how well and where it is still wrong).
 """
 from __future__ import annotations
 
@@ -153,6 +154,7 @@ class _Flows:
         if fid in self.end_v:
             del self.end_v[fid]
             self.n -= 1
+            self.size[fid] = done   # what a later done_bytes() reports: the bytes it moved, not its size
         return done
 
     def next_end(self) -> tuple[float, int] | None:

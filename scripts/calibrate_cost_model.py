@@ -206,7 +206,8 @@ def main(argv=None) -> int:
             if "error" in r:
                 print(f"{what:36s} not lowered: {r['error']}")
             else:
-                print(f"{what:36s} {r['predicted_us']:9.1f} us predicted ({100 * (r['predicted_us'] / base - 1):+.1f}%)")
+                pct = 100 * (r["predicted_us"] / base - 1)
+                print(f"{what:36s} {r['predicted_us']:9.1f} us predicted ({pct:+.1f}%)")
         return 0
     recs = load_records(pathlib.Path(a.input))
     progs = prepare_all(recs)

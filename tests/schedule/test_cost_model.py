@@ -94,8 +94,12 @@ def test_flows_share_the_bandwidth_hand_checked():
     t, fid = f.next_end()                      # 300 - 100 = 200 left at 8 B/us: 25 us more
     assert (t, fid) == (pytest.approx(45.0), 2)
     f.add(3, 50.0)
-    f.advance(30.0)                            # 10 us at 5 B/us each: flow 3 has moved 50 -> done, flow 2 ...
+    f.advance(30.0)                            # 10 us at 5 B/us each: flow 3 has moved all its 50 bytes
     assert f.cancel(3) == pytest.approx(50.0)
+    f.add(4, 80.0)
+    f.advance(34.0)                            # 4 us at 5 B/us: flow 4 has moved 20 of its 80 bytes
+    assert f.cancel(4) == pytest.approx(20.0)
+    assert f.done_bytes(4) == pytest.approx(20.0) and f.rate() == 8.0   # stopped: flow 2 alone again
 
 
 def test_one_gemv_task_costs_what_the_constants_say():
