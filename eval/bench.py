@@ -19,6 +19,14 @@ from eval.equivalence import compare_logits, hf_logits, summarize
 from eval.roofline import pct_of_roofline, roofline
 
 
+BENCH_SEQ_PAD = 64   # cache positions a bench program holds beyond its context
+
+
+def bench_max_seq(ctx: int) -> int:
+    """The KV-cache capacity a bench at context ``ctx`` lowers its program with (the auto split count follows it)."""
+    return ctx + BENCH_SEQ_PAD
+
+
 def _tokens(vocab: int, n: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -109,7 +117,7 @@ def run_bench(model: str, gpu: str = "auto", ctx: int = 512, config=None, dtype:
         raise RuntimeError("amk bench needs a CUDA GPU")
     target = get_target(gpu)
     graph = load_model(model, dtype=dtype, device="cuda")
-    max_seq = ctx + 64
+    max_seq = bench_max_seq(ctx)
     prog = lower(graph, target, config, max_seq=max_seq)
     bw = hbm_bandwidth()
     amk = measure_program(prog, graph, ctx=ctx, iters=iters)

@@ -43,6 +43,7 @@ from vm.abi import QKV_MODE_RAW
 GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
 ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
 H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it
+NORM_SLOTS = ("norm_w", "qk_norm_w", "q_norm_w", "k_norm_w")   # weights staged with the input, not streamed
 WARM_BYTES = 16384     # a task whose prefetch has landed this much starts its stream from L2 (no hbm_us)
 
 
@@ -110,8 +111,8 @@ def staged_bytes(program: MegakernelProgram, task) -> int:
     n = 0
     for a in accesses(task, lambda b: program.buffers[b].numel):
         buf = program.buffers[a.buffer]
-        if a.write or buf.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE) and a.slot not in ("norm_w", "qk_norm_w",
-                                                                                              "q_norm_w", "k_norm_w"):
+        streamed = buf.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE) and a.slot not in NORM_SLOTS
+        if a.write or streamed:
             continue
         n += (a.hi - a.lo) * (4 if buf.kind == BufferKind.ACTIVATION else buf.dtype.nbytes)
     return n
@@ -300,8 +301,11 @@ class _Sim:
             for k in open_counters:
                 self.waiting_on.setdefault(k, []).append(i)
             return
-        r = max([t] + [self.done_at[w.counter] + self.c.notice_us for w in task.waits])
-        self._timer(r, "ready", i)
+        self._timer(self._ready_at(i, t), "ready", i)
+
+    def _ready_at(self, i: int, since: float) -> float:
+        """When task i enters: its SM reached it at ``since``, and every counter it waits on was seen released."""
+        return max([since] + [self.done_at[w.counter] + self.c.notice_us for w in self.p.tasks[i].waits])
 
     def _ready(self, i: int, t: float) -> None:
         c, task = self.c, self.p.tasks[i]
@@ -330,15 +334,16 @@ class _Sim:
         if left > 0:
             self.flows.add(i, left)
         else:
-            self._after_stream(i, t, t)
+            self._after_stream(i, t)
 
-    def _after_stream(self, i: int, t0: float, t: float) -> None:
+    def _after_stream(self, i: int, t: float) -> None:
+        """Task i's stream ended at t (it began at self.start[i]): the L2 part, the tail, the signal."""
         c, task = self.c, self.p.tasks[i]
         b = self.l2_done[i] / self.l2_bpu + c.signal_us * (task.out_counter >= 0)
         if task.op in ATTN_OPS:
             b += c.attn_tail_us + c.attn_pos_us * self.pre.positions[i] * int(task.params["group"])
         elif task.op in GEMV_OPS:
-            b += c.tail_us + c.tail_frac * (t - t0)
+            b += c.tail_us + c.tail_frac * (t - self.start[i])
             if task.op == "QKV_ROPE" and int(task.params.get("mode", 0)) != QKV_MODE_RAW:   # RAW: no epilogue
                 b += c.qkv_epilogue_us + c.qknorm_epilogue_us * int(task.params.get("has_qknorm", 0))
         elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE"):
@@ -358,15 +363,12 @@ class _Sim:
                 for w in self.waiting_on.pop(k, []):
                     self.blocked[w][0] -= 1
                     if self.blocked[w][0] == 0:
-                        since = self.blocked.pop(w)[1]
-                        self._timer(max([since] + [self.done_at[x.counter] + self.c.notice_us
-                                                   for x in self.p.tasks[w].waits]), "ready", w)
+                        self._timer(self._ready_at(w, self.blocked.pop(w)[1]), "ready", w)
         self._next_task(self.sm_of[i], t)
 
     def run(self) -> SimResult:
         for sm in range(len(self.p.queues)):
             self._next_task(sm, 0.0)
-        stream_t0: dict[int, float] = {}
         done = 0
         while True:
             nf = self.flows.next_end()
@@ -376,7 +378,6 @@ class _Sim:
                 if kind == "ready":
                     self._ready(i, t)
                 elif kind == "stream":
-                    stream_t0[i] = t
                     self._stream(i, t)
                 else:
                     done += 1
@@ -386,7 +387,7 @@ class _Sim:
                 self.flows.advance(t)
                 self.flows.finish(fid)
                 if fid < len(self.p.tasks):
-                    self._after_stream(fid, stream_t0[fid], t)
+                    self._after_stream(fid, t)
             else:
                 break
         if done != len(self.p.tasks):

@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eval.bench import check_program, time_vm  # noqa: E402
+from eval.bench import bench_max_seq, check_program, time_vm  # noqa: E402
 from eval.roofline import roofline  # noqa: E402
 from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
@@ -43,7 +43,7 @@ def main():
         set_build_env(build)
         row = rows[name] = {"variant": name, "config": cfg, "build": build}
         try:
-            prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+            prog = lower(g, target, cfg, max_seq=bench_max_seq(a.ctx))
             res = validate(prog)
             if not res.ok:
                 raise ValueError(res.errors[0])

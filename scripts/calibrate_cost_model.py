@@ -42,8 +42,9 @@ def load_records(path: pathlib.Path = RECORDS) -> list[dict]:
 
 def prepare_all(recs: list[dict]) -> dict[str, Prepared]:
     """One lowered + prepared program per distinct (model, gpu, ctx, config); lowered as the bench lowers
-    (max_seq = ctx + 64, bf16 preset weights never materialised)."""
+    (eval.bench.bench_max_seq; bf16 preset weights never materialised)."""
     import harness
+    from eval.bench import bench_max_seq
     from flywheel.prior import defaults
     from schedule.lower import lower
     out: dict[str, Prepared] = {}
@@ -52,7 +53,7 @@ def prepare_all(recs: list[dict]) -> dict[str, Prepared]:
         if key not in out:
             cfg = {**defaults(), **r["config"]}
             graph = harness._graph(r["model"], "bf16", 0)
-            prog = lower(graph, harness._target(r["gpu"]), cfg, max_seq=int(r["ctx"]) + 64)
+            prog = lower(graph, harness._target(r["gpu"]), cfg, max_seq=bench_max_seq(int(r["ctx"])))
             out[key] = Prepared(prog, int(r["ctx"]))
     return out
 
@@ -159,6 +160,7 @@ NOT_MODELLED = ("preload_kb",)   # the shared-memory preload: not in the simulat
 def sweep(model: str, gpu: str, ctx: int, calib: Calib) -> list[dict]:
     """Every single-knob change from the defaults, predicted (the cost model's view of where to look next)."""
     import harness
+    from eval.bench import bench_max_seq
     from flywheel.prior import KNOBS, defaults
     from schedule.ir import IRError
     from schedule.lower import lower
@@ -169,7 +171,7 @@ def sweep(model: str, gpu: str, ctx: int, calib: Calib) -> list[dict]:
                                          for v in (k.choices or SWEEP_RANGES.get(k.name, ())) if v != k.default]:
         cfg = dict(base) if knob is None else {**base, knob: value}
         try:
-            prog = lower(graph, target, cfg, max_seq=ctx + 64)
+            prog = lower(graph, target, cfg, max_seq=bench_max_seq(ctx))
         except IRError as e:
             out.append({"knob": knob, "value": value, "error": str(e)[:80]})
             continue

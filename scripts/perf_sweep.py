@@ -16,7 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eval.bench import measure_program  # noqa: E402
+from eval.bench import bench_max_seq, measure_program  # noqa: E402
 from eval.roofline import roofline  # noqa: E402
 from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
@@ -58,7 +58,7 @@ def main():
     rows = []
     for name in a.variants.split(";"):
         cfg = {**VARIANTS[name], **extra} if name in VARIANTS else {**json.loads(name), **extra}
-        prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+        prog = lower(g, target, cfg, max_seq=bench_max_seq(a.ctx))
         res = validate(prog)
         if not res.ok:
             rows.append({"variant": name, "error": res.errors[0]})
@@ -77,10 +77,10 @@ def main():
     peers = {}
     if a.peers:
         from eval.baselines import hbm_bandwidth, torch_baselines
-        peers = torch_baselines(g, a.ctx, a.ctx + 64, None if a.compile_mode == "none" else a.compile_mode)
+        peers = torch_baselines(g, a.ctx, bench_max_seq(a.ctx), None if a.compile_mode == "none" else a.compile_mode)
         peers.pop("logits_check", None)
         peers["bandwidth"] = hbm_bandwidth()
-    rl = roofline(lower(g, target, {}, max_seq=a.ctx + 64), ctx=a.ctx)
+    rl = roofline(lower(g, target, {}, max_seq=bench_max_seq(a.ctx)), ctx=a.ctx)
     out = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "model": a.model, "ctx": a.ctx,
            "dtype": a.dtype, "floor_us": rl["floor_us"], "rows": rows, "peers": peers,
            "wall_s": round(time.time() - t0, 1)}

@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from eval.bench import check_program, time_vm  # noqa: E402
+from eval.bench import bench_max_seq, check_program, time_vm  # noqa: E402
 from eval.roofline import roofline  # noqa: E402
 from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
@@ -155,7 +155,7 @@ def main():
         name, cfg, build = parse_variant(v, a.marks)
         set_build_env(build)
         try:
-            prog = lower(g, target, cfg, max_seq=a.ctx + 64)
+            prog = lower(g, target, cfg, max_seq=bench_max_seq(a.ctx))
         except Exception as e:  # a config the IR refuses: report and go on
             out.append({"variant": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
