@@ -78,8 +78,10 @@ KNOBS: tuple[Knob, ...] = (
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
              "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
              "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
-    Knob("sm_assignment", str, "list", choices=("list", "lpt", "round_robin"),
-         doc="task->SM policy: 'list' = dependency-aware earliest finish, 'lpt' = balance bytes greedily, "
+    Knob("sm_assignment", str, "list", choices=("list", "list_idle", "lpt", "round_robin"),
+         doc="task->SM policy: 'list' = dependency-aware earliest finish (ties to the lowest SM index), "
+             "'list_idle' = the same with ties to the SM idle longest (more time to prefetch before the wait: "
+             "weights into L2, an attention task's KV history rows), 'lpt' = balance bytes greedily, "
              "'round_robin' = task i on SM i mod n"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),

@@ -244,6 +244,31 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     raw = bool(qkn) and hs > 1
     q_raw = b.act(f"q_raw{l}", c.n_heads * hd) if raw else None
     k_raw = b.act(f"k_raw{l}", nkv * hd) if raw else None
+
+    def _attention(kvh: int, c_qk: int) -> int | None:
+        """One KV group's attention tasks; the counter its ATTN_MERGE waits on (None: no merge task)."""
+        ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
+        ains = [q, kc, vc, io["pos"]]
+        if splits == 1:
+            b.task("ATTN_DECODE", ains, [attn], ap, [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
+            return None
+        # fused merge: every partial signals the layer's attention counter; o_proj waits for all of them
+        c_part = c_attn if merge else b.counter(f"attn_part{l}.g{kvh}")
+        for sp in range(splits):
+            b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
+                   [c_qk], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
+        return None if merge else c_part
+
+    def _merge(kvh: int, c_part: int | None) -> None:
+        if c_part is not None:
+            b.task("ATTN_MERGE", [partial], [attn], {"kv_head": kvh, "group": G, "head_dim": hd, "n_splits": splits},
+                   [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
+
+    # 'list_idle' sees every group's QKV tasks placed before attention and every partial before the merges, so
+    # attention lands on the SMs the QKV phase leaves idle (and loads its KV history there before its wait); 'list'
+    # keeps the measured interleaved order
+    qkv_first = cfg.sm_assignment == "list_idle"
+    c_qks = []   # per KV group: the counter its attention waits on
     for kvh in range(nkv):
         c_qkv = b.counter(f"qkv{l}.g{kvh}")
         jobs = [(QKV_MODE_RAW if raw else QKV_MODE_Q, "q", wq, q_raw if raw else q, h0, hn, c.n_heads)
@@ -269,27 +294,18 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                    f"L{l}.qk_norm[g{kvh}]")
         else:
             c_qk = c_qkv
-        ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
-        ains = [q, kc, vc, io["pos"]]
-        if splits == 1:
-            b.task("ATTN_DECODE", ains, [attn], ap, [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
-        elif merge:   # every partial signals the layer's attention counter; o_proj waits for all of them
-            for sp in range(splits):
-                b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
-                       [c_qk], c_attn, f"L{l}.attn[g{kvh}.s{sp}]")
-        else:
-            c_part = b.counter(f"attn_part{l}.g{kvh}")
-            for sp in range(splits):
-                b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
-                       [c_qk], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
-            b.task("ATTN_MERGE", [partial], [attn], {"kv_head": kvh, "group": G, "head_dim": hd, "n_splits": splits},
-                   [c_part], c_attn, f"L{l}.attn_merge[g{kvh}]")
+        c_qks.append(c_qk)
+        if not qkv_first:
+            _merge(kvh, _attention(kvh, c_qk))
+    if qkv_first:   # every group's QKV tasks, then every attention task, then the merges
+        for kvh, c_part in enumerate([_attention(kvh, c_qk) for kvh, c_qk in enumerate(c_qks)]):
+            _merge(kvh, c_part)
     wg = b.weight(p + "mlp.gate_proj.weight", (c.intermediate, H))
     wu = b.weight(p + "mlp.up_proj.weight", (c.intermediate, H))
     mlp_rows = rows_for(cfg.mlp_rows, c.intermediate, b.sms, b.warps)
     # the gate/up tiles' heads into L2 while the latency-bound attention hops run -- on the SMs attention leaves idle
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
-        trigger = {"layer": cin, "qkv": c_qk, "attn": c_attn}[cfg.mlp_prefetch_at]   # c_qk: q and K finished
+        trigger = {"layer": cin, "qkv": c_qks[-1], "attn": c_attn}[cfg.mlp_prefetch_at]   # the last group's q and K
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             n = min(rn * H, per_matrix)
@@ -322,12 +338,16 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> lis
         for i, t in enumerate(tasks):
             sm = min(range(n_sms), key=lambda s: (load[s], s))
             t.sm, load[sm] = sm, load[sm] + cost[i]
-    elif policy == "list":
+    elif policy in ("list", "list_idle"):
+        # earliest start; ties (every SM free by the time the task's inputs are ready) go to the lowest SM index
+        # ('list') or to the SM idle longest ('list_idle': the task then has the most time to prefetch what it
+        # may read before its wait -- its wait_prefetch_kb of weights, an attention task's KV history rows)
+        idle = policy == "list_idle"
         free = [0.0] * n_sms
         done: dict[int, float] = {}  # counter -> time its last producer finishes
         for i, t in enumerate(tasks):
             ready = max((done.get(w.counter, 0.0) for w in t.waits), default=0.0)
-            sm = min(range(n_sms), key=lambda s: (max(free[s], ready), s))
+            sm = min(range(n_sms), key=lambda s: (max(free[s], ready), free[s] if idle else 0.0, s))
             fin = max(free[sm], ready) + cost[i]
             t.sm, free[sm] = sm, fin
             if t.out_counter >= 0:

@@ -144,6 +144,12 @@ def _check_sm_assignment(p, v):
     assert [t.sm for t in p.tasks] != [t.sm for t in BASE.tasks]
     if v == "round_robin":
         assert all(t.sm == i % len(p.queues) for i, t in enumerate(p.tasks))
+    if v == "list_idle":   # every layer's QKV tasks come before its attention tasks (the SM assignment sees them first)
+        for l in range(C.n_layers):
+            ids = [i for i, t in enumerate(p.tasks) if t.label.startswith(f"L{l}.")]
+            qkv = [i for i in ids if p.tasks[i].op == "QKV_ROPE"]
+            attn = [i for i in ids if p.tasks[i].op.startswith("ATTN")]
+            assert qkv and attn and max(qkv) < min(attn)
 
 
 def _check_num_sms(p, v):

@@ -125,3 +125,20 @@ def test_qk_norm_head_split_lowers_to_raw_rows_and_qk_norm_tasks(split):
     whole = lower(g, TARGETS["h100"], {"qkv_head_split": 1}, max_seq=32)   # whole heads: QK-norm in the QKV tiles
     assert _ops(whole).get("QK_NORM_ROPE", 0) == 0
     assert all(t.params["has_qknorm"] == (t.params["mode"] != QKV_MODE_V) for t in whole.tasks if t.op == "QKV_ROPE")
+
+
+def test_list_idle_puts_attention_on_the_sms_qkv_leaves_idle():
+    """llama-3.2-1b on 132 SMs: 96 QKV tasks per layer (32 + 8 + 8 heads x 2 RoPE halves) leave 36 SMs idle in
+    the QKV phase. 'list' (ties to the lowest SM index) queues the first attention tasks behind QKV tasks;
+    'list_idle' (ties to the SM idle longest) puts all 32 attention tasks of 4 splits on SMs that run no QKV task
+    of the layer, where they can load their KV history rows before their wait. Both programs validate."""
+    g = load_model("llama-3.2-1b", dtype="bf16", device="meta")
+    for policy, want_idle in (("list", False), ("list_idle", True)):
+        p = lower(g, TARGETS["h100"], {"attn_splits": 4, "sm_assignment": policy}, max_seq=576)
+        assert validate(p).ok
+        for l in (0, 7, 15):
+            qkv_sms = {t.sm for t in p.tasks if t.label.startswith(f"L{l}.") and t.op == "QKV_ROPE"}
+            attn = [t for t in p.tasks if t.label.startswith(f"L{l}.") and t.op == "ATTN_PARTIAL"]
+            assert len(qkv_sms) == 96 and len(attn) == 32
+            on_idle = sum(t.sm not in qkv_sms for t in attn)
+            assert on_idle == (32 if want_idle else 0), (policy, l, on_idle)

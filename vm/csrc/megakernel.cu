@@ -9,7 +9,8 @@
 //      a %globaltimer budget (TIMEOUT names task + counter); meanwhile the other warps resolve the task's buffer
 //      slots and IO scalars (token, pos) into shared memory, stage its fused RMSNorm weight (amk_prep_*) and
 //      compute its shared-memory need, so the op starts with one dependent round trip (its input) instead of three
-//      and almost nothing runs between the wait and that load (the build switches below);
+//      and almost nothing runs between the wait and that load (the build switches below); an attention task's KV
+//      history rows are issued into its stages (amk_attn_early, AMK_ATTN_EARLY);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
 //   4. __syncthreads, then thread 0 release-increments out_counter. If the task used the preload buffer
 //      (preload.cuh), the next flagged task's whole weight tile is bulk-copied into it from the start of the next
@@ -173,11 +174,16 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
         const int64_t need = amk_smem_need(p, s_ins);
         if (AMK_NEED_EARLY && amk_tid() == 32) s_need = need;
         if (need <= (int64_t)p.smem_bytes) amk_prep_norm(p, s_ins, nw, 32);  // else dispatch reports it
+        if (AMK_ATTN_EARLY && (s_ins.op == AMK_OP_ATTN_PARTIAL || s_ins.op == AMK_OP_ATTN_DECODE)) {
+          asm volatile("bar.sync 1, %0;" ::"n"(AMK_THREADS - 32) : "memory");  // warp NWARPS-1's slots are published
+          if (need <= (int64_t)p.smem_bytes) amk_attn_early(c, 32);  // the KV history rows start moving now
+        }
       }
     }
     __syncthreads();
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
+      amk_cp_async_wait<0>();  // KV rows amk_attn_early issued land before the block exits
       return;
     }
     const int out_ctr = s_ins.out_counter;

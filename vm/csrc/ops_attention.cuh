@@ -96,7 +96,44 @@ __device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, 
   return o / l;
 }
 
-// The tensor-core fast path (uses the copy helpers above).
+// An attention task's keys: positions [lo, hi) of KV head kvh (ATTN_PARTIAL: split sp of ns of them) and pos, the
+// row this step appends. The one definition for the op and for the KV copies issued before its wait
+// (amk_attn_early), so both take the same rows. ok = false: pos outside the cache.
+struct AmkAttnRange {
+  int kvh, G, D, S, pos, lo, hi, sp, ns;
+  bool ok;
+};
+__device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool partial) {
+  const AmkInstr& in = *c.ins;
+  // ATTN_DECODE and ATTN_PARTIAL share iparam slots 0..4 (kv_head, group, head_dim, max_seq, window)
+  AmkAttnRange r;
+  r.kvh = in.ip[AMK_ATTN_DECODE_IP_KV_HEAD];
+  r.G = in.ip[AMK_ATTN_DECODE_IP_GROUP];
+  r.D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM];
+  r.S = in.ip[AMK_ATTN_DECODE_IP_MAX_SEQ];
+  const int window = in.ip[AMK_ATTN_DECODE_IP_WINDOW];
+  r.pos = amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS);
+  r.ok = r.pos >= 0 && r.pos < r.S;
+  const int L = r.pos + 1;
+  r.lo = window > 0 ? (L - window > 0 ? L - window : 0) : 0;
+  r.hi = L;
+  r.sp = 0;
+  r.ns = 1;
+  if (partial) {
+    r.sp = in.ip[AMK_ATTN_PARTIAL_IP_SPLIT];
+    r.ns = in.ip[AMK_ATTN_PARTIAL_IP_N_SPLITS];
+    const int n = r.hi - r.lo, lo = r.lo, ns = r.ns;  // floor(n * k / ns): 32-bit division where n * ns fits
+    const bool small = (int64_t)n * ns <= 0x7fffffff;  // (a 64-bit one is a slow call)
+    auto bound = [&](int k) {
+      return lo + (small ? (int)((unsigned)(n * k) / (unsigned)ns) : (int)(((int64_t)n * k) / ns));
+    };
+    r.lo = bound(r.sp);
+    r.hi = bound(r.sp + 1);
+  }
+  return r;
+}
+
+// The tensor-core fast path and the KV copies issued before the wait (use the helpers above).
 #include "ops_attention_mma.cuh"
 
 // acc[k][g] += K_row_k . q_g (k < 2 keys; row1 may be null) for this lane's part (lane `sl` of an 8-lane group).
@@ -308,10 +345,11 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
 }
 
 // Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
-// reporting BAD_INPUT) if one key's K and V rows do not fit a stage.
+// reporting BAD_INPUT) if one key's K and V rows do not fit a stage. pos: the row this step appends; where the fast
+// path takes the task and AMK_ATTN_EARLY is on, rows [lo, pos) of its first tiles were issued before the wait.
 template <class T>
 __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, const void* kc, const void* vc, int kvh,
-                                           int G, int D, int S, int lo, int hi, float scale) {
+                                           int G, int D, int S, int lo, int hi, int pos, float scale) {
   const int tid = amk_tid();
   const AmkAttnSmem m = amk_attn_smem(G, D);
   float* sm = amk_in_smem(c.smem);
@@ -347,10 +385,13 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   const bool vec = row % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase);
 #if AMK_ATTN_MMA
   if constexpr (T::BYTES == 2) {
-    if (vec && amk_attn_mma_ok(G, D, KT)) {
+    if (amk_attn_mma_takes(G, D, kbase, vbase)) {
       const float* qh = q + (int64_t)kvh * G * D;
-      if (D == 64) amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
-      else amk_attn_mma<T, 128>(c, qh, kbase, vbase, G, lo, hi, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
+      const int cut = AMK_ATTN_EARLY ? pos : lo;  // rows [lo, pos) of the first tiles were issued before the wait
+      if (D == 64)
+        amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
+      else
+        amk_attn_mma<T, 128>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
       return true;
     }
   }
@@ -390,38 +431,19 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
 
 // ATTN_DECODE (partial = false) and ATTN_PARTIAL (partial = true): identical slots up to the output.
 __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
-  const AmkInstr& in = *c.ins;
-  // ATTN_DECODE and ATTN_PARTIAL share iparam slots 0..4 (kv_head, group, head_dim, max_seq, window)
-  const int kvh = in.ip[AMK_ATTN_DECODE_IP_KV_HEAD], G = in.ip[AMK_ATTN_DECODE_IP_GROUP];
-  const int D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM], S = in.ip[AMK_ATTN_DECODE_IP_MAX_SEQ];
-  const int window = in.ip[AMK_ATTN_DECODE_IP_WINDOW];
-  const float scale = in.fp[AMK_ATTN_DECODE_FP_SCALE];
-  const int pos = amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS);
-  if (pos < 0 || pos >= S) {
-    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, pos);
+  const AmkAttnRange r = amk_attn_range(c, partial);
+  const int kvh = r.kvh, G = r.G, D = r.D, S = r.S, lo = r.lo, hi = r.hi, sp = r.sp, ns = r.ns;
+  const float scale = c.ins->fp[AMK_ATTN_DECODE_FP_SCALE];
+  if (!r.ok) {
+    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, r.pos);
     return;
-  }
-  const int L = pos + 1;
-  int lo = window > 0 ? (L - window > 0 ? L - window : 0) : 0, hi = L;
-  int sp = 0, ns = 1;
-  if (partial) {
-    sp = in.ip[AMK_ATTN_PARTIAL_IP_SPLIT];
-    ns = in.ip[AMK_ATTN_PARTIAL_IP_N_SPLITS];
-    const int n = hi - lo;  // floor(n * k / ns): 32-bit division where n * ns fits (a 64-bit one is a slow call)
-    const bool small = (int64_t)n * ns <= 0x7fffffff;
-    auto bound = [&](int k) {
-      return lo + (small ? (int)((unsigned)(n * k) / (unsigned)ns) : (int)(((int64_t)n * k) / ns));
-    };
-    const int a = bound(sp), b = bound(sp + 1);
-    lo = a;
-    hi = b;
   }
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q);
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
   bool ok = false;
   if (!amk_dispatch_dtype(c, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
-        ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, scale);
+        ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, scale);
       }) || !ok)
     return;
   amk_mark(c, 2);

@@ -95,6 +95,12 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 #ifndef AMK_ATTN_QFIRST
 #define AMK_ATTN_QFIRST 1
 #endif
+//   AMK_ATTN_EARLY   1: the history rows [lo, pos) of a fast-path task's first AMK_ATTN_STAGES tiles are issued
+//                    before its wait (amk_attn_early, by the warps that do not poll), so on an SM that is idle
+//                    before attention they land while the QKV phase runs; only the row at pos and q wait for it.
+#ifndef AMK_ATTN_EARLY
+#define AMK_ATTN_EARLY 1
+#endif
 // One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
@@ -114,14 +120,35 @@ __device__ __forceinline__ bool amk_attn_mma_ok(int G, int D, int KT) {
          AMK_NWARPS * G * D * 4 <= AMK_ATTN_STAGES * AMK_ATTN_STAGE_BYTES &&
          amk_attn_rg(D) * (G < AMK_ATTN_GB ? G : AMK_ATTN_GB) >= 4;
 }
+// Whether amk_attn_core takes the fast path for a 2-byte cache whose head rows start at kbase / vbase (16-byte
+// aligned rows). amk_attn_early asks the same question before the wait.
+__device__ __forceinline__ bool amk_attn_mma_takes(int G, int D, const char* kbase, const char* vbase) {
+  return (D * 2) % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase) && amk_attn_mma_ok(G, D, amk_attn_keys(D, 2));
+}
+
+// Rows [ra, rb) of tile t (its first key's K / V rows at kg / vg) into stage t % STAGES, chunk c of row r at chunk
+// c ^ (r & 7); threads i0, i0 + step, ... take one 16-byte chunk of K and the same chunk of V each.
+template <int D>
+__device__ __forceinline__ void amk_attn_mma_rows(char* kv, int t, int KT, const char* kg, const char* vg, int ra,
+                                                  int rb, int i0, int step, uint64_t pol) {
+  constexpr int ROW = D * 2, CPR = D / 8;
+  char* ks = kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
+  char* vs = ks + KT * ROW;
+  for (int i = ra * CPR + i0; i < rb * CPR; i += step) {
+    const int r = i / CPR, off = r * ROW + (((i - r * CPR) ^ (r & 7)) << 4);
+    amk_cp_kv16(ks + off, kg + i * 16, pol);
+    amk_cp_kv16(vs + off, vg + i * 16, pol);
+  }
+}
 
 // q: this KV head's G query rows [G, D] (fp32, global); kbase / vbase: its cache rows [S, D] (16-byte aligned).
 // o_s [G, D], st [(m, l) x G], sc (score area), qf (the P.V-partials area) and kv (stage area): the op's
 // shared-memory areas (amk_attn_smem).
+// cut: rows [lo, cut) of the first AMK_ATTN_STAGES tiles are already in flight (amk_attn_early; lo = none).
 template <class T, int D>
 __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const char* kbase, const char* vbase,
-                                          int G, int lo, int hi, float scale, float* o_s, float* st, float* sc,
-                                          uint2* qf, char* kv) {
+                                          int G, int lo, int hi, int cut, float scale, float* o_s, float* st,
+                                          float* sc, uint2* qf, char* kv) {
   constexpr int ROW = D * 2, CPR = D / 8, KSTEPS = D / 16, NT = D / 8;  // row bytes, 16-byte chunks, k-steps, n-tiles
   const int KT = amk_attn_keys(D, 2), CPT = KT / 16;                     // keys and 16-key chunks per tile
   const int tid = amk_tid(), warp = amk_warp(), lane = amk_lane();
@@ -132,15 +159,10 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   auto issue = [&](int t) {  // tile t -> stage t % STAGES, swizzled; one commit group per tile (empty past the end)
     if (t < nt && !AMK_DBG_NOLOAD) {
       const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT;
-      char* ks = kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
-      char* vs = ks + KT * ROW;
-      const char* kg = kbase + (size_t)t0 * ROW;
-      const char* vg = vbase + (size_t)t0 * ROW;
-      for (int i = tid; i < tn * CPR; i += AMK_THREADS) {
-        const int r = i / CPR, off = r * ROW + (((i - r * CPR) ^ (r & 7)) << 4);
-        amk_cp_kv16(ks + off, kg + i * 16, pol);
-        amk_cp_kv16(vs + off, vg + i * 16, pol);
-      }
+      const int ra = t < AMK_ATTN_STAGES ? AMK_CLAMP(cut - t0, 0, tn) : 0;  // rows issued before the wait
+      amk_attn_mma_rows<D>(kv, t, KT, kbase + (size_t)t0 * ROW, vbase + (size_t)t0 * ROW, ra, tn, tid, AMK_THREADS,
+                           pol);
+      char* vs = kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES + KT * ROW;
       // V rows [tn, 16-key boundary) of a short tile: p is 0 there, but 0 * a stale NaN would not be
       const int tz = (tn + 15) & ~15;
       for (int i = tn * CPR + tid; i < tz * CPR; i += AMK_THREADS) *(uint4*)(vs + i * 16) = make_uint4(0u, 0u, 0u, 0u);
@@ -283,4 +305,33 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
     }
   }
   __syncthreads();
+}
+
+// AMK_ATTN_EARLY: the KV copies of an ATTN_DECODE / ATTN_PARTIAL task that need not wait, issued BEFORE its wait by
+// threads [t_first, AMK_THREADS) once the task's slots are resolved (megakernel.cu): rows [lo, pos) of its first
+// AMK_ATTN_STAGES tiles (all stages are free before the op starts), one cp.async group per thread, which the op's
+// first wait_group covers (it is the oldest group). Only where the fast path takes the task (amk_attn_mma_takes)
+// and pos is inside the cache; the op then issues the rest (amk_attn_mma's cut = pos).
+// Why this is safe before the wait: no task of a step writes a cache row other than pos -- every KV_CACHE writer
+// (QKV_ROPE K / V tiles, QK_NORM_ROPE) appends the row at pos (schedule/ops.py; the validator models cache accesses
+// as (head, column) of that row) -- so rows < pos are final since the launches that wrote them.
+__device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
+  const int dt = amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE);
+  const bool two = (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) ||
+                   (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16);
+  const AmkAttnRange r = amk_attn_range(c, c.ins->op == AMK_OP_ATTN_PARTIAL);
+  if (!AMK_ATTN_EARLY || AMK_DBG_NOLOAD || !two || !r.ok) return;
+  const int D = r.D, row = D * 2;
+  const char* kbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE) + (size_t)r.kvh * r.S * row;
+  const char* vbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE) + (size_t)r.kvh * r.S * row;
+  if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return;
+  char* kv = (char*)(amk_in_smem(c.smem) + amk_attn_smem(r.G, D).kv);
+  const int KT = amk_attn_keys(D, 2), i0 = amk_tid() - t_first, step = AMK_THREADS - t_first;
+  const uint64_t pol = AMK_ATTN_CP_HINT == 1 ? amk_policy_evict_first() : 0;
+  for (int t = 0, t0 = r.lo; t < AMK_ATTN_STAGES && t0 < r.hi; ++t, t0 += KT) {
+    const int tn = (r.hi - t0) < KT ? (r.hi - t0) : KT, rb = AMK_CLAMP(r.pos - t0, 0, tn);
+    if (D == 64) amk_attn_mma_rows<64>(kv, t, KT, kbase + (size_t)t0 * row, vbase + (size_t)t0 * row, 0, rb, i0, step, pol);
+    else amk_attn_mma_rows<128>(kv, t, KT, kbase + (size_t)t0 * row, vbase + (size_t)t0 * row, 0, rb, i0, step, pol);
+  }
+  amk_cp_async_commit();
 }
