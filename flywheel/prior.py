@@ -1,6 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
-Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): attn_splits auto (8 at ctx 512),
+Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): sm_assignment auto and attn_splits auto
+('list_idle' with 4 splits on the llama presets at ctx 512, 'list' with 8 on qwen3-0.6b),
 prefetch_depth 0, qkv_head_split auto (2 on llama-3.2-1b, 4 on qwen3-0.6b), wait_prefetch_kb 64, mlp_prefetch_kb 64,
 lm_head_rows auto (tiles of <= 512 rows in whole waves) and auto row tiles (gemv/mlp rows 16/64 on llama-3.2-1b).
 With the row tiles and splits (fifth session) llama-3.2-1b bf16 ran at ctx 512 in ~1390 us in an interleaved A/B, vs
@@ -71,18 +72,21 @@ KNOBS: tuple[Knob, ...] = (
              "the largest split whose QKV tasks fit one wave of SMs (2 on llama-3.2-1b, 4 on qwen3-0.6b)"),
     Knob("attn_splits", int, 0, range=(0, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
-             "0 = auto: 8 for KV caches of up to 2048 positions, else SMs // n_kv_heads (one wave of attention "
-             "tasks, at least 8)"),
+             "0 = auto: for KV caches of up to 2048 positions 4 where n_kv_heads x 4 tasks fit the SMs the QKV "
+             "phase leaves idle and sm_assignment is 'auto' or 'list_idle', else 8; beyond, SMs // n_kv_heads "
+             "(one wave of attention tasks, at least 8)"),
     Knob("fuse_attn_merge", bool, False, choices=(False, True),
          doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
              "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
              "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
-    Knob("sm_assignment", str, "list", choices=("list", "list_idle", "lpt", "round_robin"),
+    Knob("sm_assignment", str, "auto", choices=("auto", "list", "list_idle", "lpt", "round_robin"),
          doc="task->SM policy: 'list' = dependency-aware earliest finish (ties to the lowest SM index), "
-             "'list_idle' = the same with ties to the SM idle longest (more time to prefetch before the wait: "
-             "weights into L2, an attention task's KV history rows), 'lpt' = balance bytes greedily, "
-             "'round_robin' = task i on SM i mod n"),
+             "'list_idle' = the same with ties to the SM idle longest and each layer's QKV tasks placed before its "
+             "attention, so attention lands on the SMs the QKV phase leaves idle and (early_kv hint) loads its KV "
+             "before its wait, 'lpt' = balance bytes greedily, 'round_robin' = task i on SM i mod n; 'auto' = "
+             "'list_idle' where a layer's attention tasks fit those idle SMs (llama presets at ctx <= 2048, with "
+             "attn_splits auto = 4), else 'list'"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

@@ -36,6 +36,7 @@ from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
+EARLY_KV_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")   # ops with the early_kv hint (vm/abi.py)
 TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
 
 
@@ -198,22 +199,39 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None)
 
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
+IDLE_SPLITS = 4   # ... or this many where they fit the SMs the QKV phase leaves idle
 
 
-def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int) -> int:
-    """Split-KV tasks per KV head. knob > 0: that many (at most one per position). 0 (auto): 8 up to 2048
-    positions of KV cache; beyond, one wave of attention tasks (n_kv * splits <= n_sms, at least 8, at most 64).
-    Measured on llama-3.2-1b, H100 (docs/PERF.md, fifth session): 8 is best at ctx 512 (16: +2%); 16 is best at
-    8192 and 32768 (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
+def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int, idle_sms: int = 0) -> int:
+    """Split-KV tasks per KV head. knob > 0: that many (at most one per position). 0 (auto): up to 2048 positions
+    of KV cache, 4 where n_kv x 4 attention tasks fit on the ``idle_sms`` SMs the QKV phase leaves idle (the SM
+    assignment puts them there and they load their KV before their wait: llama-3.2-1b / -3b / 3.1-8b 3.4% / 0.7% /
+    1.6% faster than 8 splits, H100, docs/PERF.md, thirteenth session), else 8; beyond 2048 positions, one wave of
+    attention tasks (n_kv * splits <= n_sms, at least 8, at most 64). Measured on llama-3.2-1b, H100 (fifth
+    session): 8 is best at ctx 512 without the idle placement (16: +2%; 4: +0.6%); 16 is best at 8192 and 32768
+    (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
     if knob > 0:
         return min(knob, max_seq)
     if max_seq <= AUTO_SPLITS_MAX_SEQ:
-        return min(AUTO_SPLITS, max_seq)
+        return min(IDLE_SPLITS if n_kv * IDLE_SPLITS <= idle_sms else AUTO_SPLITS, max_seq)
     return min(64, max_seq, max(AUTO_SPLITS, n_sms // max(1, n_kv)))
 
 
+def qkv_tasks_per_layer(c, qkv_heads: int, head_split: int) -> int:
+    """QKV_ROPE tasks of one layer: per KV group its q tiles plus one K and one V task, each split head_split ways."""
+    return c.n_kv_heads * (len(list(_tiles(c.group, qkv_heads))) + 2) * head_split
+
+
+def assignment_for(policy: str, n_kv: int, splits: int, idle_sms: int) -> str:
+    """The SM assignment policy: the knob's value, or for 'auto' 'list_idle' where a layer's n_kv x splits attention
+    tasks fit on the SMs its QKV tasks leave idle (else 'list')."""
+    if policy != "auto":
+        return policy
+    return "list_idle" if n_kv * splits <= idle_sms else "list"
+
+
 def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int,
-           splits: int):
+           splits: int, qkv_first: bool):
     c = g.config
     H, hd, G, nkv = c.hidden, c.head_dim, c.group, c.n_kv_heads
     p = f"model.layers.{l}."
@@ -267,7 +285,6 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     # 'list_idle' sees every group's QKV tasks placed before attention and every partial before the merges, so
     # attention lands on the SMs the QKV phase leaves idle (and loads its KV history there before its wait); 'list'
     # keeps the measured interleaved order
-    qkv_first = cfg.sm_assignment == "list_idle"
     c_qks = []   # per KV group: the counter its attention waits on
     for kvh in range(nkv):
         c_qkv = b.counter(f"qkv{l}.g{kvh}")
@@ -328,7 +345,13 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
 
 
 def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> list[list[int]]:
-    """Set task.sm by policy; queues keep emission (topological) order."""
+    """Set task.sm by policy; queues keep emission (topological) order. The list policies also set the early_kv
+    hint of a layer's attention tasks when (by the estimate) the SM of every one of them idles before its inputs
+    are ready for at least as long as its KV rows take to stream: the kernel then issues those rows before the
+    task's wait. Measured on an H100 (docs/PERF.md, thirteenth session): -1.4% on llama-3.2-1b with 'list_idle'
+    and 4 splits (all attention tasks on idle SMs); +1.4% with every task of the 'list' placement hinted (queued
+    right behind a QKV task of its group, its copies are still in flight when q's load is issued) and +1.5% at ctx
+    8192 with only the quarter of the tasks that sit on idle SMs hinted (the phase ends with the unhinted ones)."""
     cost = [t.est_bytes / bw_per_sm * 1e6 + TASK_OVERHEAD_US for t in tasks]
     if policy == "round_robin":
         for i, t in enumerate(tasks):
@@ -343,15 +366,21 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> lis
         # ('list') or to the SM idle longest ('list_idle': the task then has the most time to prefetch what it
         # may read before its wait -- its wait_prefetch_kb of weights, an attention task's KV history rows)
         idle = policy == "list_idle"
+        early: dict[int, bool] = {}   # per layer (q buffer): every attention task has time to load its KV early
         free = [0.0] * n_sms
         done: dict[int, float] = {}  # counter -> time its last producer finishes
         for i, t in enumerate(tasks):
             ready = max((done.get(w.counter, 0.0) for w in t.waits), default=0.0)
             sm = min(range(n_sms), key=lambda s: (max(free[s], ready), free[s] if idle else 0.0, s))
+            if t.op in EARLY_KV_OPS:   # (keyed by the layer's q buffer) its SM idles as long as its KV takes
+                early[t.inputs[0]] = early.get(t.inputs[0], True) and ready - free[sm] >= cost[i] - TASK_OVERHEAD_US
             fin = max(free[sm], ready) + cost[i]
             t.sm, free[sm] = sm, fin
             if t.out_counter >= 0:
                 done[t.out_counter] = max(done.get(t.out_counter, 0.0), fin)
+        for t in tasks:
+            if t.op in EARLY_KV_OPS and early[t.inputs[0]]:
+                t.params["early_kv"] = 1
     else:
         raise IRError(f"sm_assignment: unknown policy {policy!r} (choices: {KNOB_BY_NAME['sm_assignment'].choices})")
     queues: list[list[int]] = [[] for _ in range(n_sms)]
@@ -376,7 +405,11 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
-    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms)
+    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)
+    # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
+    idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in ("auto", "list_idle") else 0
+    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle)
+    policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
           "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
@@ -388,7 +421,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     b.task("EMBED", [emb, io["token"]], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab,
                                               "hidden": c.hidden}, [], cx, "embed")
     for l in range(c.n_layers):
-        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits)
+        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, policy == "list_idle")
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     c_log = b.counter("logits")
@@ -406,7 +439,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
     for t in b.tasks:
         t.est_bytes, t.est_flops = estimate(t, numel, isz)
-    queues = _assign(b.tasks, n_sms, cfg.sm_assignment, target.hbm_gbps * 1e9 / n_sms)
+    queues = _assign(b.tasks, n_sms, policy, target.hbm_gbps * 1e9 / n_sms)
     cfg_d = cfg.to_dict()
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,

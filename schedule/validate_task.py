@@ -12,8 +12,8 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_K, QKV_MODE_RAW, QKV_M
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
-# iparams that may be omitted (packed as 0): the optional-input flags and the sliding window.
-DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim"}
+# iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
+DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "early_kv"}
                      | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
@@ -240,6 +240,7 @@ class TaskChecks:
             if op != "ATTN_MERGE":
                 S = P["max_seq"]
                 need(P.get("window", 0) >= 0, "window must be >= 0")
+                need(P.get("early_kv", 0) in (0, 1), "early_kv (issue the KV history before the wait) must be 0 or 1")
                 for c in ("k_cache", "v_cache"):
                     shp = shape(c)
                     need(self.kinds[s[c]] == BufferKind.KV_CACHE and len(shp) == 3 and shp[1:] == (S, hd)

@@ -96,12 +96,14 @@ _OPS = [
            ("mode", "head_start", "head_count", "head_dim", "k", "n_heads", "max_seq",
             "has_norm", "has_bias", "has_qknorm", "pair_start", "pair_count"), ("eps", "qk_eps"),
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("qk_norm_w", "has_qknorm"))),
-    # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]
+    # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]. early_kv (a hint, no
+    # effect on the result): the kernel issues the cache rows before pos before the task's wait (the lowering sets
+    # it where the task's SM is idle before its inputs are ready)
     OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),
-           ("kv_head", "group", "head_dim", "max_seq", "window"), ("scale",)),
+           ("kv_head", "group", "head_dim", "max_seq", "window", "early_kv"), ("scale",)),
     # split-KV partial: unnormalized (m, l, o[hd]) of one split of the positions
     OpSpec("ATTN_PARTIAL", 7, "attention", ("q", "k_cache", "v_cache", "pos"), ("partial",),
-           ("kv_head", "group", "head_dim", "max_seq", "window", "split", "n_splits"), ("scale",)),
+           ("kv_head", "group", "head_dim", "max_seq", "window", "split", "n_splits", "early_kv"), ("scale",)),
     # online-softmax merge of the n_splits partials of one kv head
     OpSpec("ATTN_MERGE", 8, "attention", ("partial",), ("out",), ("kv_head", "group", "head_dim", "n_splits")),
     # y[start:start+count] = a + b

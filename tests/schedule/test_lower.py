@@ -142,3 +142,28 @@ def test_list_idle_puts_attention_on_the_sms_qkv_leaves_idle():
             assert len(qkv_sms) == 96 and len(attn) == 32
             on_idle = sum(t.sm not in qkv_sms for t in attn)
             assert on_idle == (32 if want_idle else 0), (policy, l, on_idle)
+
+
+@pytest.mark.parametrize("model,ctx,policy,splits,hinted", [
+    ("llama-3.2-1b", 512, "list_idle", 4, True),    # 96 QKV tasks leave 36 SMs: 8 x 4 attention tasks fit
+    ("llama-3.1-8b", 512, "list_idle", 4, True),
+    ("llama-3.2-3b", 512, "list_idle", 4, True),    # 80 QKV tasks leave 52
+    ("qwen3-0.6b", 512, "list", 8, False),          # 128 QKV tasks leave 4
+    ("llama-3.2-1b", 8192, "list", 16, False),      # long context: one wave of 16 splits per KV head
+])
+def test_auto_assignment_splits_and_early_kv_hints(model, ctx, policy, splits, hinted):
+    """sm_assignment / attn_splits auto: 'list_idle' with 4 splits where a layer's attention tasks fit the SMs its
+    QKV tasks leave idle, else 'list' with 8 (16 at long context) -- the same program as those values given
+    explicitly; the early_kv hint is on every attention task of the idle placement and on none otherwise."""
+    g = load_model(model, dtype="bf16", device="meta")
+    auto = lower(g, TARGETS["h100"], {}, max_seq=ctx + 64)
+    explicit = lower(g, TARGETS["h100"], {"sm_assignment": policy, "attn_splits": splits}, max_seq=ctx + 64)
+    strip = lambda p: [(t.op, t.sm, t.params, t.waits) for t in p.tasks]  # noqa: E731
+    assert strip(auto) == strip(explicit)
+    att = [t for t in auto.tasks if t.op == "ATTN_PARTIAL"]
+    assert len(att) == g.config.n_layers * g.config.n_kv_heads * splits
+    assert {t.params.get("early_kv", 0) for t in att} == {int(hinted)}
+    if hinted:   # every hinted task sits on an SM that runs no QKV task of its layer
+        for l in range(g.config.n_layers):
+            qkv_sms = {t.sm for t in auto.tasks if t.label.startswith(f"L{l}.") and t.op == "QKV_ROPE"}
+            assert not {t.sm for t in att if t.label.startswith(f"L{l}.")} & qkv_sms

@@ -9,8 +9,8 @@
 //      a %globaltimer budget (TIMEOUT names task + counter); meanwhile the other warps resolve the task's buffer
 //      slots and IO scalars (token, pos) into shared memory, stage its fused RMSNorm weight (amk_prep_*) and
 //      compute its shared-memory need, so the op starts with one dependent round trip (its input) instead of three
-//      and almost nothing runs between the wait and that load (the build switches below); an attention task's KV
-//      history rows are issued into its stages (amk_attn_early, AMK_ATTN_EARLY);
+//      and almost nothing runs between the wait and that load (the build switches below); an attention task with
+//      the early_kv hint has its KV history rows issued into its stages (amk_attn_early);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
 //   4. __syncthreads, then thread 0 release-increments out_counter. If the task used the preload buffer
 //      (preload.cuh), the next flagged task's whole weight tile is bulk-copied into it from the start of the next
@@ -174,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
         const int64_t need = amk_smem_need(p, s_ins);
         if (AMK_NEED_EARLY && amk_tid() == 32) s_need = need;
         if (need <= (int64_t)p.smem_bytes) amk_prep_norm(p, s_ins, nw, 32);  // else dispatch reports it
-        if (AMK_ATTN_EARLY && (s_ins.op == AMK_OP_ATTN_PARTIAL || s_ins.op == AMK_OP_ATTN_DECODE)) {
+        if (amk_attn_early_hint(s_ins)) {
           asm volatile("bar.sync 1, %0;" ::"n"(AMK_THREADS - 32) : "memory");  // warp NWARPS-1's slots are published
           if (need <= (int64_t)p.smem_bytes) amk_attn_early(c, 32);  // the KV history rows start moving now
         }

@@ -30,6 +30,18 @@
 #define AMK_DBG_NOCOMPUTE 0
 #endif
 
+// -DAMK_ATTN_MMA=0 compiles the tensor-core fast path out (A/B builds; every attention task then takes the generic
+// path).
+#ifndef AMK_ATTN_MMA
+#define AMK_ATTN_MMA 1
+#endif
+// -DAMK_ATTN_EARLY=0 compiles out the KV copies issued before the wait (amk_attn_early, ops_attention_mma.cuh):
+// the early_kv hint is then ignored.
+#ifndef AMK_ATTN_EARLY
+#define AMK_ATTN_EARLY 1
+#endif
+#define AMK_ATTN_EARLY_ON (AMK_ATTN_EARLY && AMK_ATTN_MMA)
+
 // Row groups of the P.V pass; must match vm/smem.py's formula.
 __host__ __device__ __forceinline__ int amk_attn_rg(int hd) {
   const int r = AMK_THREADS / (hd / 2 > 0 ? hd / 2 : 1);
@@ -102,7 +114,14 @@ __device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, 
 struct AmkAttnRange {
   int kvh, G, D, S, pos, lo, hi, sp, ns;
   bool ok;
+  bool early;  // the task's early_kv hint (AMK_ATTN_EARLY builds): its KV history was issued before its wait
 };
+// An ATTN_DECODE / ATTN_PARTIAL instruction's early_kv hint (0 for every other op).
+__device__ __forceinline__ bool amk_attn_early_hint(const AmkInstr& in) {
+  return AMK_ATTN_EARLY_ON &&
+         ((in.op == AMK_OP_ATTN_PARTIAL && in.ip[AMK_ATTN_PARTIAL_IP_EARLY_KV] != 0) ||
+          (in.op == AMK_OP_ATTN_DECODE && in.ip[AMK_ATTN_DECODE_IP_EARLY_KV] != 0));
+}
 __device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool partial) {
   const AmkInstr& in = *c.ins;
   // ATTN_DECODE and ATTN_PARTIAL share iparam slots 0..4 (kv_head, group, head_dim, max_seq, window)
@@ -114,6 +133,7 @@ __device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool par
   const int window = in.ip[AMK_ATTN_DECODE_IP_WINDOW];
   r.pos = amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS);
   r.ok = r.pos >= 0 && r.pos < r.S;
+  r.early = amk_attn_early_hint(in);
   const int L = r.pos + 1;
   r.lo = window > 0 ? (L - window > 0 ? L - window : 0) : 0;
   r.hi = L;
@@ -345,11 +365,13 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
 }
 
 // Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
-// reporting BAD_INPUT) if one key's K and V rows do not fit a stage. pos: the row this step appends; where the fast
-// path takes the task and AMK_ATTN_EARLY is on, rows [lo, pos) of its first tiles were issued before the wait.
+// reporting BAD_INPUT) if one key's K and V rows do not fit a stage. pos: the row this step appends; early (the
+// task's early_kv hint): where the fast path takes the task, rows [lo, pos) of its first tiles were issued before
+// the wait (amk_attn_early).
 template <class T>
 __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, const void* kc, const void* vc, int kvh,
-                                           int G, int D, int S, int lo, int hi, int pos, float scale) {
+                                           int G, int D, int S, int lo, int hi, int pos, bool early,
+                                           float scale) {
   const int tid = amk_tid();
   const AmkAttnSmem m = amk_attn_smem(G, D);
   float* sm = amk_in_smem(c.smem);
@@ -387,7 +409,7 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   if constexpr (T::BYTES == 2) {
     if (amk_attn_mma_takes(G, D, kbase, vbase)) {
       const float* qh = q + (int64_t)kvh * G * D;
-      const int cut = AMK_ATTN_EARLY ? pos : lo;  // rows [lo, pos) of the first tiles were issued before the wait
+      const int cut = early ? pos : lo;  // rows [lo, pos) of the first tiles were issued before the wait
       if (D == 64)
         amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
       else
@@ -443,7 +465,7 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
   bool ok = false;
   if (!amk_dispatch_dtype(c, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
-        ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, scale);
+        ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, r.early, scale);
       }) || !ok)
     return;
   amk_mark(c, 2);

@@ -26,10 +26,7 @@
 #pragma once
 #include "common.cuh"
 
-// -DAMK_ATTN_MMA=0 compiles the fast path out (A/B builds; every attention task then takes the generic path).
-#ifndef AMK_ATTN_MMA
-#define AMK_ATTN_MMA 1
-#endif
+// AMK_ATTN_MMA (ops_attention.cuh): 0 compiles this path out.
 
 // (lo, hi) rounded to nearest into one packed pair (one cvt instruction), lo in the low half.
 __device__ __forceinline__ uint32_t amk_pack2(AmkBF16, float lo, float hi) {
@@ -94,12 +91,6 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 //   AMK_ATTN_QFIRST  1: q loads issued before the first KV tile copies (0: after them, the eighth session's order).
 #ifndef AMK_ATTN_QFIRST
 #define AMK_ATTN_QFIRST 1
-#endif
-//   AMK_ATTN_EARLY   1: the history rows [lo, pos) of a fast-path task's first AMK_ATTN_STAGES tiles are issued
-//                    before its wait (amk_attn_early, by the warps that do not poll), so on an SM that is idle
-//                    before attention they land while the QKV phase runs; only the row at pos and q wait for it.
-#ifndef AMK_ATTN_EARLY
-#define AMK_ATTN_EARLY 1
 #endif
 // One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
@@ -307,11 +298,13 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   __syncthreads();
 }
 
-// AMK_ATTN_EARLY: the KV copies of an ATTN_DECODE / ATTN_PARTIAL task that need not wait, issued BEFORE its wait by
-// threads [t_first, AMK_THREADS) once the task's slots are resolved (megakernel.cu): rows [lo, pos) of its first
-// AMK_ATTN_STAGES tiles (all stages are free before the op starts), one cp.async group per thread, which the op's
-// first wait_group covers (it is the oldest group). Only where the fast path takes the task (amk_attn_mma_takes)
-// and pos is inside the cache; the op then issues the rest (amk_attn_mma's cut = pos).
+// The KV copies of an ATTN_DECODE / ATTN_PARTIAL task with the early_kv hint that need not wait, issued BEFORE its
+// wait by threads [t_first, AMK_THREADS) once the task's slots are resolved (megakernel.cu): rows [lo, pos) of its
+// first AMK_ATTN_STAGES tiles (all stages are free before the op starts), one cp.async group per thread, which the
+// op's first wait_group covers (it is the oldest group). Only where the fast path takes the task
+// (amk_attn_mma_takes) and pos is inside the cache; the op then issues the rest (amk_attn_mma's cut = pos).
+// The hint pays where the SM is idle before the task's inputs are ready (the rows land meanwhile); right behind a
+// QKV task of its own group it measured 1.4% slower (the copies are still in flight when q's load is issued).
 // Why this is safe before the wait: no task of a step writes a cache row other than pos -- every KV_CACHE writer
 // (QKV_ROPE K / V tiles, QK_NORM_ROPE) appends the row at pos (schedule/ops.py; the validator models cache accesses
 // as (head, column) of that row) -- so rows < pos are final since the launches that wrote them.
@@ -320,7 +313,7 @@ __device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
   const bool two = (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) ||
                    (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16);
   const AmkAttnRange r = amk_attn_range(c, c.ins->op == AMK_OP_ATTN_PARTIAL);
-  if (!AMK_ATTN_EARLY || AMK_DBG_NOLOAD || !two || !r.ok) return;
+  if (AMK_DBG_NOLOAD || !two || !r.ok || !r.early) return;
   const int D = r.D, row = D * 2;
   const char* kbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE) + (size_t)r.kvh * r.S * row;
   const char* vbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE) + (size_t)r.kvh * r.S * row;
