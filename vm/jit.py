@@ -79,6 +79,8 @@ class BuildSpec:
     dtypes: int = ALL_DTYPES      # element types compiled in: bit (1 << DTYPE_CODES[name]) per weight / cache type
     attn_stages: int = 2          # attention KV tiles in flight (cp.async into shared memory, ops_attention.cuh)
     attn_stage_bytes: int = 32768  # bytes per attention stage (K + V rows of one tile)
+    attn_early: bool = False      # the KV copies before the wait for early_kv-hinted attention tasks (compiled in
+                                  # only for programs with hints: unused, the path cost 2% at ctx 32768 on an H100)
 
 
     def __post_init__(self):
@@ -107,7 +109,7 @@ class BuildSpec:
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
                 f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
-                *self.extra_cuda_cflags]
+                f"-DAMK_ATTN_EARLY={int(self.attn_early)}", *self.extra_cuda_cflags]
 
     def cflags(self) -> list[str]:
         return [self.opt]
@@ -134,14 +136,15 @@ def arch_major(arch: str) -> int:
 
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
-             dtypes: int = 0) -> BuildSpec:
+             dtypes: int = 0, attn_early: bool = False) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
     streaming path measured faster (docs in vm/csrc/stream.cuh). ``dtypes``: the weight / KV-cache element types to
     compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
     llama-3.2-1b (docs/PERF.md, fourth session). The attention KV pipeline defaults from AMK_ATTN_STAGES and
-    AMK_ATTN_STAGE_BYTES (2 x 32 KB)."""
+    AMK_ATTN_STAGE_BYTES (2 x 32 KB). ``attn_early``: compile the early KV copies of early_kv-hinted attention tasks
+    (the loader asks for it when the program has hints)."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -153,7 +156,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra,
                      preload=preload, dtypes=int(dtypes) or ALL_DTYPES,
                      attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
-                     attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)))
+                     attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)),
+                     attn_early=bool(attn_early))
 
 
 def dtype_mask(names) -> int:

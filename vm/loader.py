@@ -268,7 +268,10 @@ class MegakernelVM:
         # one build per set of weight / KV-cache element types: the other types' code paths are not compiled
         dtypes = jit.dtype_mask(device_dtype(b).value for b in program.buffers
                                 if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
-        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes)
+        # the early KV copies are compiled in only where some attention task carries the early_kv hint
+        early = any(t.params.get("early_kv", 0) for t in program.tasks)
+        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes,
+                            attn_early=early)
         wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
         attn = (spec.attn_stages, spec.attn_stage_bytes)
         for t in program.tasks:   # one key's K and V rows must fit an attention stage
@@ -291,7 +294,8 @@ class MegakernelVM:
                 fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
                 if fit < spec.stages:
                     spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
-                                        stages=max(2, min(fit, spec.stages)), preload=want > 0, dtypes=dtypes)
+                                        stages=max(2, min(fit, spec.stages)), preload=want > 0, dtypes=dtypes,
+                                        attn_early=early)
                     if not spec.tma:   # no ring after all: op area without stash terms
                         op_smem = max([16] + [smem_floats(t, self.threads, attn=attn) * 4 for t in program.tasks])
             self.ext = jit.build(spec)

@@ -163,14 +163,33 @@ def test_predictions_track_the_current_kernels_measurements(current):
     """Calibrated on the tenth-session groups and the benches; the eleventh-session groups (e11-*) were held out
     of the fit (scripts/calibrate_cost_model.py --holdout e11-)."""
     recs, progs = current
-    assert len(recs) == 39 and len({r["group"] for r in recs}) == 14
+    assert len(recs) == 49 and len({r["group"] for r in recs}) == 18
     pred = cal.predict_all(recs, progs, cm.CALIB)
     for r, p in zip(recs, pred):
         if r["group"].startswith("bench-"):
             assert abs(p / r["latency_us"] - 1) <= BENCH_TOL, (r["group"], p, r["latency_us"])
-    fitted = [i for i, r in enumerate(recs) if not r["group"].startswith("e11-")]
+    # t13-*: placements with early KV copies, which the model does not know (next test)
+    fitted = [i for i, r in enumerate(recs) if not r["group"].startswith(("e11-", "t13-"))]
     held = [i for i, r in enumerate(recs) if r["group"].startswith("e11-")]
     lf = cal.loss([recs[i] for i in fitted], [pred[i] for i in fitted])
     lh = cal.loss([recs[i] for i in held], [pred[i] for i in held])
     assert lf["rel"] <= FIT_REL and lh["rel"] <= HELD_REL, (lf, lh)
     assert lf["pairs_ok"] + lh["pairs_ok"] >= PAIRS_OK, (lf, lh)
+
+
+def test_early_kv_placement_is_a_known_miss(current):
+    """Thirteenth session (t13-* groups): sm_assignment 'list_idle' with 4 splits and early KV copies measured
+    0.7-3.4% faster than 'list' on the three llama presets; the model does not model loads issued before a wait and
+    predicts it slightly slower. Its 'list' rows (the benches' programs) stay within BENCH_TOL, and its error on
+    the idle placements is bounded; when the model learns early copies, tighten this to the ordering."""
+    recs, progs = current
+    pred = cal.predict_all(recs, progs, cm.CALIB)
+    rows = [(r, p) for r, p in zip(recs, pred) if r["group"].startswith("t13-idle-")]
+    assert len(rows) == 8
+    for r, p in rows:
+        err = p / r["latency_us"] - 1
+        if r["config"]["sm_assignment"] == "list":
+            assert abs(err) <= BENCH_TOL, (r["group"], p, r["latency_us"])
+        else:
+            assert -0.01 <= err <= 0.06, (r["group"], r["config"], p, r["latency_us"])   # measured faster
+

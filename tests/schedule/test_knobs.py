@@ -303,15 +303,17 @@ def test_every_knob_affects_something_known():
 
 
 @pytest.mark.parametrize("max_seq,n_sms,splits,prefetch", [
-    (64, 132, 8, True),        # short cache: 8 splits; 64 attention tasks leave half of the SMs idle
-    (2048, 132, 8, True),
+    (64, 132, 4, True),        # short cache: 4 splits, the 32 attention tasks fit the 36 SMs QKV leaves idle
+    (2048, 132, 4, True),
+    (2048, 100, 8, False),     # 100 SMs: QKV (96 tasks) leaves 4 idle: 8 splits; 64 tasks > 100 / 2: no prefetch
     (4096, 132, 16, False),    # long cache: one wave (8 kv heads x 16 = 128 <= 132 SMs), no SM idle for prefetch
     (4096, 64, 8, False),      # at least 8 splits; 64 tasks on 64 SMs
     (4096, 40, 8, False),
 ])
 def test_auto_attn_splits_and_prefetch_gating(max_seq, n_sms, splits, prefetch):
-    """attn_splits 0 (auto) picks the split per KV-cache length and SM count; L2_PREFETCH tasks only where the
-    attention tasks leave at least half of the SMs idle (llama-3.2-1b shapes: 8 kv heads, 16 layers)."""
+    """attn_splits 0 (auto) picks the split per KV-cache length and SM count (and the SMs the QKV phase leaves idle);
+    L2_PREFETCH tasks only where the attention tasks leave at least half of the SMs idle (llama-3.2-1b shapes: 8 kv
+    heads, 16 layers)."""
     g = WIDE["mlp_prefetch_kb"]
     cfg = {**defaults(), "attn_splits": 0, "mlp_prefetch_kb": 64, "num_sms": n_sms}
     p = lower(g, H100, cfg, max_seq=max_seq)

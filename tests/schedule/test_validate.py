@@ -453,3 +453,18 @@ def test_qk_norm_rope_shapes_and_raw_mode_are_checked():
                 and t.sm != qkn.sm)
     attn.waits = []   # attention on another SM no longer ordered after the task that writes its K row
     rejected(p, f"task {attn.id} (ATTN_", "k_cache0")
+
+
+def test_early_kv_hint_must_be_0_or_1():
+    """The early_kv hint of an attention task is optional (packed as 0); any value other than 0 / 1 is rejected,
+    naming the task and the param. Unhinted and hinted programs are both valid."""
+    from schedule.graph import load_model
+    from schedule.lower import lower
+    p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 2},
+              max_seq=32)
+    att = [t for t in p.tasks if t.op == "ATTN_PARTIAL"]
+    assert att and validate(p).ok and not any("early_kv" in t.params for t in att)
+    att[0].params["early_kv"] = 1
+    assert validate(p).ok
+    att[0].params["early_kv"] = 2
+    rejected(p, f"task {att[0].id} (ATTN_PARTIAL {att[0].label})", "early_kv")

@@ -83,3 +83,34 @@ def test_long_random_cache_matches_reference(name, dtype, splits):
 def test_fp32_cache_takes_the_exact_path():
     """fp32 caches never round q or p: the same long random cache matches the reference to fp32 precision."""
     _check("g4-hd64", "f32", 3, [(3, S - 1), (40, 517)], seed=12)
+
+
+@pytest.mark.parametrize("name", ["g4-hd64", "g8-hd64-window", "g3-hd128"])
+def test_early_kv_hint_gives_the_same_bits(name):
+    """Attention tasks with the early_kv hint (their KV history rows copied before the wait: amk_attn_early in
+    vm/csrc/ops_attention_mma.cuh, compiled in because the program has hints) give bit-identical attention outputs
+    and logits to the same program without hints (built without the path), and match the reference: positions in
+    the first tile, in later tiles and at the end of the cache, with 3 splits (pos in the last one)."""
+    from schedule.ir import MegakernelProgram, validate
+    from vm.loader import MegakernelVM
+    g = _graph(name, "bf16")
+    plain = lower(g, TARGETS["h100"], {"num_sms": 16, "sm_assignment": "list", "attn_splits": 3}, max_seq=S)
+    prog = MegakernelProgram.from_json(plain.to_json())
+    for t in prog.tasks:   # hints set by hand (the lowering sets them only where the SM idles long enough)
+        if t.op in ("ATTN_PARTIAL", "ATTN_DECODE"):
+            t.params["early_kv"] = 1
+    assert not any(t.params.get("early_kv") for t in plain.tasks) and validate(prog).ok
+    vm_h, vm_p = MegakernelVM(prog, g.weights), MegakernelVM(plain, g.weights)
+    assert vm_h.spec.attn_early and not vm_p.spec.attn_early
+    ref = ReferenceVM(prog, g.weights, seed=1)
+    _fill_caches(prog, vm_h, ref, seed=13)
+    _fill_caches(prog, vm_p, ref, seed=13)
+    attn0 = prog.buffer("attn0").id
+    tol_attn, tol_logits = TOL["bf16"]
+    for tok, pos in [(3, S - 1), (40, 517), (7, 130), (9, 5), (2, 0)]:
+        want = ref.step(tok, pos)
+        got_h, got_p = vm_h.step(tok, pos).clone(), vm_p.step(tok, pos).clone()
+        assert torch.equal(vm_h.tensors[attn0], vm_p.tensors[attn0]), f"pos {pos}: attention output differs"
+        assert torch.equal(got_h, got_p), f"pos {pos}: logits differ"
+        assert rel_err(vm_h.tensors[attn0], ref.buf(attn0)) <= tol_attn, f"pos {pos}: attention vs reference"
+        assert rel_err(got_h, want) <= tol_logits, f"pos {pos}: logits vs reference"

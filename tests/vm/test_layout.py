@@ -182,6 +182,10 @@ def test_builds_are_per_dtype_set():
     assert jit.spec_for(arch="sm_90a", dtypes=2).digest() != jit.spec_for(arch="sm_90a").digest()
     with pytest.raises(jit.BuildError, match="dtypes mask"):
         jit.BuildSpec(arch="sm_90a", tma=False, dtypes=8)
+    # the early KV copies are compiled in only when asked (the loader asks for programs with early_kv hints)
+    assert "-DAMK_ATTN_EARLY=0" in jit.spec_for(arch="sm_90a").cuda_cflags()
+    assert "-DAMK_ATTN_EARLY=1" in jit.spec_for(arch="sm_90a", attn_early=True).cuda_cflags()
+    assert jit.spec_for(arch="sm_90a", attn_early=True).digest() != jit.spec_for(arch="sm_90a").digest()
 
 
 def test_l2_prefetch_instructions_carry_their_ranges():
