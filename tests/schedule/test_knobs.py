@@ -35,8 +35,8 @@ def _alternatives(knob) -> list:
     lo, hi = knob.range
     m = knob.multiple_of
     cands = {knob.default + m, knob.default - m, lo + (-lo) % m, hi - hi % m, 2, 4}
-    return sorted(v for v in cands if v != knob.default and knob.check(v) is None and (
-        knob.name != "num_sms" or v <= H100.sm_count))
+    return sorted(v for v in cands if v != knob.default and v != AUTO_ON_TOY.get(knob.name)
+                  and knob.check(v) is None and (knob.name != "num_sms" or v <= H100.sm_count))
 
 
 CASES = [(k, v) for k in KNOBS for v in _alternatives(k)]
