@@ -32,11 +32,11 @@ from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait)
 from schedule.ops import estimate
-from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
+from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
-EARLY_KV_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")   # ops with the early_kv hint (vm/abi.py)
+EARLY_KV_OPS = tuple(n for n, spec in OPCODES.items() if "early_kv" in spec.iparams)   # ops with the hint
 TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
 
 
@@ -231,7 +231,7 @@ def assignment_for(policy: str, n_kv: int, splits: int, idle_sms: int) -> str:
 
 
 def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int,
-           splits: int, qkv_first: bool):
+           splits: int, hs: int, qkv_first: bool):
     c = g.config
     H, hd, G, nkv = c.hidden, c.head_dim, c.group, c.n_kv_heads
     p = f"model.layers.{l}."
@@ -256,9 +256,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
     window = int(c.sliding_window or 0)
-    # head split: qkv_head_split tasks per head, each a slice of the RoPE pairs (needs whole heads otherwise). With
-    # QK-norm (a per-head RMS) the split tasks write RAW rows and one QK_NORM_ROPE task per KV group finishes them.
-    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, nkv, hd, b.sms)
+    # head split hs: QKV tasks per head, each a slice of the RoPE pairs (needs whole heads otherwise). With QK-norm
+    # (a per-head RMS) the split tasks write RAW rows and one QK_NORM_ROPE task per KV group finishes them.
     raw = bool(qkn) and hs > 1
     q_raw = b.act(f"q_raw{l}", c.n_heads * hd) if raw else None
     k_raw = b.act(f"k_raw{l}", nkv * hd) if raw else None
@@ -405,7 +404,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
-    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)
+    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)  # per head
     # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
     idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in ("auto", "list_idle") else 0
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle)
@@ -421,7 +420,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     b.task("EMBED", [emb, io["token"]], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab,
                                               "hidden": c.hidden}, [], cx, "embed")
     for l in range(c.n_layers):
-        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, policy == "list_idle")
+        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, hs, policy == "list_idle")
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     c_log = b.counter("logits")
