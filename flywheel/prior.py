@@ -87,6 +87,12 @@ KNOBS: tuple[Knob, ...] = (
              "before its wait, 'lpt' = balance bytes greedily, 'round_robin' = task i on SM i mod n; 'auto' = "
              "'list_idle' where a layer's attention tasks fit those idle SMs (llama presets at ctx <= 2048, with "
              "attn_splits auto = 4), else 'list'"),
+    Knob("early_kv", str, "auto", choices=("auto", "on", "off"),
+         doc="the early_kv hint of attention tasks (the kernel then issues the KV history rows of their first tiles "
+             "before their wait): 'on' = every attention task, 'off' = none, 'auto' = a layer's attention tasks when "
+             "the list policies estimate that every one of them idles on its SM at least as long as its KV takes to "
+             "stream (what the idle placement of sm_assignment gives; right behind a QKV task the copies measured "
+             "1.4% slower, docs/PERF.md, thirteenth session)"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

@@ -343,7 +343,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     return xnext, c_next
 
 
-def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> list[list[int]]:
+def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto") -> list[list[int]]:
     """Set task.sm by policy; queues keep emission (topological) order. The list policies also set the early_kv
     hint of a layer's attention tasks when (by the estimate) the SM of every one of them idles before its inputs
     are ready for at least as long as its KV rows take to stream: the kernel then issues those rows before the
@@ -352,6 +352,7 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> lis
     right behind a QKV task of its group, its copies are still in flight when q's load is issued) and +1.5% at ctx
     8192 with only the quarter of the tasks that sit on idle SMs hinted (the phase ends with the unhinted ones)."""
     cost = [t.est_bytes / bw_per_sm * 1e6 + TASK_OVERHEAD_US for t in tasks]
+    early: dict[int, bool] = {}   # per layer (q buffer): every attention task has time to load its KV early
     if policy == "round_robin":
         for i, t in enumerate(tasks):
             t.sm = i % n_sms
@@ -365,7 +366,6 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> lis
         # ('list') or to the SM idle longest ('list_idle': the task then has the most time to prefetch what it
         # may read before its wait -- its wait_prefetch_kb of weights, an attention task's KV history rows)
         idle = policy == "list_idle"
-        early: dict[int, bool] = {}   # per layer (q buffer): every attention task has time to load its KV early
         free = [0.0] * n_sms
         done: dict[int, float] = {}  # counter -> time its last producer finishes
         for i, t in enumerate(tasks):
@@ -377,11 +377,11 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float) -> lis
             t.sm, free[sm] = sm, fin
             if t.out_counter >= 0:
                 done[t.out_counter] = max(done.get(t.out_counter, 0.0), fin)
-        for t in tasks:
-            if t.op in EARLY_KV_OPS and early[t.inputs[0]]:
-                t.params["early_kv"] = 1
     else:
         raise IRError(f"sm_assignment: unknown policy {policy!r} (choices: {KNOB_BY_NAME['sm_assignment'].choices})")
+    for t in tasks:   # the early_kv knob: 'auto' = the list policies' estimate above (no hints under other policies)
+        if t.op in EARLY_KV_OPS and (hints == "on" or (hints == "auto" and early.get(t.inputs[0], False))):
+            t.params["early_kv"] = 1
     queues: list[list[int]] = [[] for _ in range(n_sms)]
     for t in tasks:
         queues[t.sm].append(t.id)
@@ -438,7 +438,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
     for t in b.tasks:
         t.est_bytes, t.est_flops = estimate(t, numel, isz)
-    queues = _assign(b.tasks, n_sms, policy, target.hbm_gbps * 1e9 / n_sms)
+    queues = _assign(b.tasks, n_sms, policy, target.hbm_gbps * 1e9 / n_sms, cfg.early_kv)
     cfg_d = cfg.to_dict()
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,

@@ -26,7 +26,9 @@ H100 = get_target("h100")
 # (test_qkv_head_split_auto checks that value)
 AUTO_ON_TOY = {"qkv_head_split": qkv_split_for(0, 1, C.n_heads, C.n_kv_heads, C.head_dim, H100.sm_count),
                # the toy's few QKV tasks leave most SMs idle: auto places attention there, with 4 splits
-               "sm_assignment": "list_idle", "attn_splits": 4}
+               "sm_assignment": "list_idle", "attn_splits": 4,
+               # ... where every attention task idles long enough to load its KV early: auto hints them all
+               "early_kv": "on"}
 
 
 def _alternatives(knob) -> list:
@@ -154,6 +156,14 @@ def _check_sm_assignment(p, v):
             assert qkv and attn and max(qkv) < min(attn)
 
 
+def _check_early_kv(p, v):
+    """'off': no attention task carries the hint (the toy's auto hints every one); nothing else changes."""
+    att = lambda q: [t for t in q.tasks if t.op in ("ATTN_DECODE", "ATTN_PARTIAL")]  # noqa: E731
+    assert v == "off" and {t.params.get("early_kv", 0) for t in att(BASE)} == {1}
+    assert att(p) and all(t.params.get("early_kv", 0) == 0 for t in att(p))
+    assert [(t.op, t.sm, t.label) for t in p.tasks] == [(t.op, t.sm, t.label) for t in BASE.tasks]
+
+
 def _check_num_sms(p, v):
     assert len(p.queues) == v and len(BASE.queues) == H100.sm_count
     assert max(t.sm for t in p.tasks) < v
@@ -223,7 +233,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
               "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles,
-              "fuse_attn_merge": _check_fuse_attn_merge}
+              "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv}
 
 
 def test_every_knob_has_an_alternative_value():

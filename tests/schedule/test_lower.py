@@ -167,3 +167,19 @@ def test_auto_assignment_splits_and_early_kv_hints(model, ctx, policy, splits, h
         for l in range(g.config.n_layers):
             qkv_sms = {t.sm for t in auto.tasks if t.label.startswith(f"L{l}.") and t.op == "QKV_ROPE"}
             assert not {t.sm for t in att if t.label.startswith(f"L{l}.")} & qkv_sms
+
+
+@pytest.mark.parametrize("policy", ["list", "lpt", "round_robin"])
+def test_early_kv_knob_overrides_the_estimate(policy):
+    """early_kv 'on' hints every attention task and 'off' none, whatever the placement; 'auto' hints none under
+    these policies for llama-3.2-1b at ctx 8192 ('list': the tasks sit behind QKV tasks; 'lpt' / 'round_robin'
+    make no estimate). The hint changes no placement, wait or other param, and every program validates."""
+    g = load_model("llama-3.2-1b", dtype="bf16", device="meta")
+    progs = {v: lower(g, TARGETS["h100"], {"sm_assignment": policy, "early_kv": v}, max_seq=8192 + 64)
+             for v in ("auto", "on", "off")}
+    hints = {v: {t.params.get("early_kv", 0) for t in p.tasks if t.op == "ATTN_PARTIAL"} for v, p in progs.items()}
+    assert hints == {"auto": {0}, "on": {1}, "off": {0}}
+    strip = lambda p: [(t.op, t.sm, {k: v for k, v in t.params.items() if k != "early_kv"}, t.waits)  # noqa: E731
+                       for t in p.tasks]
+    assert strip(progs["on"]) == strip(progs["off"]) == strip(progs["auto"])
+    assert all(validate(p).ok for p in progs.values())

@@ -92,6 +92,12 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 #ifndef AMK_ATTN_QFIRST
 #define AMK_ATTN_QFIRST 1
 #endif
+//   AMK_ATTN_FILL    1: the prologue issues tiles 0..STAGES-1 (every stage); 0: tiles 0..STAGES-2, tile STAGES-1
+//                    after the first barrier (i.e. after q has landed), the order before the fourteenth session.
+#ifndef AMK_ATTN_FILL
+#define AMK_ATTN_FILL 1
+#endif
+constexpr int AMK_ATTN_PRO = AMK_ATTN_STAGES - 1 + (AMK_ATTN_FILL ? 1 : 0);  // tiles issued by the prologue
 // One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
@@ -174,13 +180,15 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   auto q_store = [=](int s, float2 x, float2 y) {
     qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
   };
+  // The prologue fills every stage (all are free when the op starts): tile STAGES - 1 -- for a short split the
+  // one holding the row at pos -- is then in flight with q instead of issued after q has landed.
   if constexpr (AMK_ATTN_QFIRST && KSTEPS <= AMK_NWARPS) {
     float2 x, y;
     q_load(warp, gv && warp < KSTEPS, x, y);
-    for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
+    for (int t = 0; t < AMK_ATTN_PRO; ++t) issue(t);
     if (warp < KSTEPS) q_store(warp, x, y);
   } else {
-    for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);  // q is read while the first tiles are in flight
+    for (int t = 0; t < AMK_ATTN_PRO; ++t) issue(t);  // q is read while the first tiles are in flight
 #pragma unroll
     for (int s = warp; s < KSTEPS; s += AMK_NWARPS) {
       float2 x, y;
@@ -199,12 +207,16 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   const int krow = ((lane >> 4) << 3) + (lane & 7), kx = ((lane >> 3) & 1) ^ (lane & 7);
   const int vrow = (((lane >> 3) & 1) << 3) + (lane & 7), vx = (lane >> 4) ^ (lane & 7);
   for (int t = 0; t < nt; ++t) {
+    // tile t + STAGES - 1 is issued here unless the prologue did (it issued tiles 0..PRO-1); groups committed
+    // before the ONEBAR wait: PRO, plus one per earlier iteration that issued; tile t is the (t+1)-th oldest
+    const bool refill = t + AMK_ATTN_STAGES - 1 >= AMK_ATTN_PRO;
 #if AMK_ATTN_ONEBAR
-    amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
+    if (AMK_ATTN_FILL && t == 0) amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
+    else amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
     __syncthreads();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
-    issue(t + AMK_ATTN_STAGES - 1);
+    if (refill) issue(t + AMK_ATTN_STAGES - 1);
 #else
-    issue(t + AMK_ATTN_STAGES - 1);
+    if (refill) issue(t + AMK_ATTN_STAGES - 1);
     amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
     __syncthreads();
 #endif
