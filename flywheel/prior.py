@@ -93,6 +93,10 @@ KNOBS: tuple[Knob, ...] = (
              "the list policies estimate that every one of them idles on its SM at least as long as its KV takes to "
              "stream (what the idle placement of sm_assignment gives; right behind a QKV task the copies measured "
              "1.4% slower, docs/PERF.md, thirteenth session)"),
+    Knob("split_argmax", bool, True, choices=(True, False),
+         doc="the next token's argmax in two steps: one ARGMAX_PARTIAL per LM-head tile (right after it) and one "
+             "ARGMAX_MERGE over the tiles' winners, instead of one ARGMAX task reading the whole vocabulary on one "
+             "SM after the last tile"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

@@ -42,6 +42,7 @@ from vm.abi import QKV_MODE_RAW
 
 GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
 ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
+ARGMAX_OPS = ("ARGMAX", "ARGMAX_PARTIAL", "ARGMAX_MERGE")
 H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it
 NORM_SLOTS = ("norm_w", "qk_norm_w", "q_norm_w", "k_norm_w")   # weights staged with the input, not streamed
 WARM_BYTES = 16384     # a task whose prefetch has landed this much starts its stream from L2 (no hbm_us)
@@ -106,7 +107,7 @@ def _weights(program, task):
 
 def staged_bytes(program: MegakernelProgram, task) -> int:
     """Bytes a task loads from L2 before its main loop: activations (fp32), IO scalars, small constants."""
-    if task.op in ("L2_PREFETCH", "EMBED", "ARGMAX"):
+    if task.op in ("L2_PREFETCH", "EMBED") or task.op in ARGMAX_OPS:
         return 0
     n = 0
     for a in accesses(task, lambda b: program.buffers[b].numel):
@@ -321,7 +322,7 @@ class _Sim:
             warm = sum(self.flows.done_bytes(f) for f in self.pf_flows[i]) >= min(self.bytes[i], WARM_BYTES)
             a += 2 * lat + (0.0 if warm else c.hbm_us) + self.pre.staged[i] / self.stage_bpu
             a += self.pre.merged[i] / self.merge_bpu
-        elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE", "RMSNORM", "ADD", "EMBED", "ARGMAX"):
+        elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE", "RMSNORM", "ADD", "EMBED") or task.op in ARGMAX_OPS:
             a += self._lat() + self.pre.staged[i] / self.stage_bpu
         self._timer(t + a, "stream", i)
 
@@ -348,8 +349,9 @@ class _Sim:
                 b += c.qkv_epilogue_us + c.qknorm_epilogue_us * int(task.params.get("has_qknorm", 0))
         elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE"):
             b += c.merge_us + self._lat()
-        elif task.op == "ARGMAX":
-            b += 4 * int(task.params["n"]) / (c.argmax_gbps * 1e3)
+        elif task.op in ARGMAX_OPS:   # logits read on one SM: all of them, a tile's rows, or one per candidate
+            n = {"ARGMAX": "n", "ARGMAX_PARTIAL": "count", "ARGMAX_MERGE": "n_cand"}[task.op]
+            b += 4 * int(task.params[n]) / (c.argmax_gbps * 1e3) + (self._lat() if task.op == "ARGMAX_MERGE" else 0.0)
         self._timer(t + b, "end", i)
 
     def _end(self, i: int, t: float) -> None:

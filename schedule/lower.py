@@ -15,7 +15,8 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                     during the attention hops]
                    GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
                    GEMV down tiles + residual   -> x_{l+1}
-    LM head GEMV tiles (final norm fused) -> logits -> ARGMAX -> next_token
+    LM head GEMV tiles (final norm fused) -> logits -> ARGMAX_PARTIAL per tile -> ARGMAX_MERGE -> next_token
+    (split_argmax; else one ARGMAX)
 
 Only the points where a whole vector is inherently needed (RMSNorm inputs, o_proj / down_proj inputs) wait on all
 producers; attention for KV head g starts when the QKV tiles of group g are done.
@@ -423,15 +424,25 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, hs, policy == "list_idle")
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
-    c_log = b.counter("logits")
     lm_tiles = (list(_row_tiles(b, c.vocab, cfg.lm_head_rows or LM_HEAD_AUTO_ROWS)) if b.balance_sms   # balance_tiles
                 else lm_head_tiles(c.vocab, cfg.lm_head_rows, b.sms))
-    for r0, rn in lm_tiles:
+    # split_argmax: each tile signals its own counter and one ARGMAX_PARTIAL per tile picks the tile's winner
+    # (emitted after every tile, so a partial queues behind the tiles of its SM); ARGMAX_MERGE picks among them
+    c_log = [b.counter(f"logits[{r0}:{r0 + rn}]") for r0, rn in lm_tiles] if cfg.split_argmax else [b.counter("logits")]
+    for k, (r0, rn) in enumerate(lm_tiles):
         ins = [xin, lm] + ([nw] if nw is not None else [])
         b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
                                              "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,
-                                             "eps": c.rms_eps}, [cin], c_log, f"lm_head[{r0}:{r0 + rn}]")
-    b.task("ARGMAX", [io["logits"]], [io["next_token"]], {"n": c.vocab}, [c_log], -1, "argmax")
+                                             "eps": c.rms_eps}, [cin], c_log[k % len(c_log)], f"lm_head[{r0}:{r0 + rn}]")
+    if cfg.split_argmax:
+        cand, c_cand = b.buf("argmax_cand", BufferKind.ACTIVATION, DType.I32, (len(lm_tiles),)), b.counter("argmax_cand")
+        for k, (r0, rn) in enumerate(lm_tiles):
+            b.task("ARGMAX_PARTIAL", [io["logits"]], [cand], {"start": r0, "count": rn, "slot": k}, [c_log[k]], c_cand,
+                   f"argmax_part[{r0}:{r0 + rn}]")
+        b.task("ARGMAX_MERGE", [io["logits"], cand], [io["next_token"]], {"n": c.vocab, "n_cand": len(lm_tiles)},
+               [c_cand], -1, "argmax")
+    else:
+        b.task("ARGMAX", [io["logits"]], [io["next_token"]], {"n": c.vocab}, c_log, -1, "argmax")
     b.finalize_thresholds()
 
     numel = lambda i: b.buffers[i].numel  # noqa: E731

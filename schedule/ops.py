@@ -108,6 +108,11 @@ def accesses(task, numel) -> list[Access]:
         rng("a", a, a + n); rng("b", a, a + n); rng("y", a, a + n, True)
     elif op == "ARGMAX":
         rng("logits", 0, _p(task, "n")); whole("token", True)
+    elif op == "ARGMAX_PARTIAL":
+        a, n, k = _p(task, "start"), _p(task, "count"), _p(task, "slot")
+        rng("logits", a, a + n); rng("cand", k, k + 1, True)
+    elif op == "ARGMAX_MERGE":   # gathers logits at the candidates' indices: any of [0, n), so all of it is read
+        rng("logits", 0, _p(task, "n")); rng("cand", 0, _p(task, "n_cand")); whole("token", True)
     elif op == "L2_PREFETCH":
         a, n = _p(task, "start_a"), _p(task, "count_a")
         rng("w_a", a, a + n)
@@ -152,6 +157,8 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
             n *= positions
         elif task.op == "EMBED" and a.slot == "table":
             n = _p(task, "col_count")                          # one row of the table, not all of it
+        elif task.op == "ARGMAX_MERGE" and a.slot == "logits":
+            n = _p(task, "n_cand")                              # one logit per candidate
         elif a.slot == "x" and int(task.params.get("x_splits", 0)) > 0:
             n = _p(task, "k")   # merged attention partials: L2-resident like any activation, counted as the x they make
         byts += n * itemsize(a.buffer)

@@ -255,6 +255,12 @@ class TaskChecks:
                 need(0 <= P["split"] < P["n_splits"], f"split {P['split']} outside [0, n_splits)")
         elif op == "ARGMAX":
             need(P["n"] >= 1, "n must be >= 1")
+        elif op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE"):   # the kernel reads fp32 logits, writes int32 indices
+            dt = lambda slot: self.p.buffers[s[slot]].dtype.value  # noqa: E731
+            need(dt("logits") == "f32" and dt("cand") == "i32",
+                 f"logits must be f32 and cand i32, got {dt('logits')} / {dt('cand')}")
+            if op == "ARGMAX_MERGE":
+                need(P["n_cand"] <= P["n"], f"n_cand {P['n_cand']} > n {P['n']}: more candidates than logits")
         for m in bad:
             self.err("shape", f"{self.T(i)}: {m}")
         return not bad

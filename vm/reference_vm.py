@@ -233,6 +233,31 @@ def op_argmax(vm, t):
     vm.buf(s["token"])[0] = int(torch.argmax(vm.buf(s["logits"])[:n]))
 
 
+def _first_argmax(v: torch.Tensor) -> int:
+    """Index of the first maximum of a 1-D fp32 tensor, a NaN counting as the maximum (torch.argmax's rule)."""
+    nan = torch.isnan(v)
+    if bool(nan.any()):
+        return int(nan.nonzero()[0, 0])
+    return int((v == v.max()).nonzero()[0, 0])
+
+
+def op_argmax_partial(vm, t):
+    """cand[slot] = start + first argmax of logits[start:start+count] (an index of the whole vector)."""
+    s = slot_map(t)
+    a, n = int(t.params["start"]), int(t.params["count"])
+    vm.buf(s["cand"])[int(t.params["slot"])] = a + _first_argmax(vm.buf(s["logits"])[a:a + n])
+
+
+def op_argmax_merge(vm, t):
+    """token = the candidate whose logit is largest, the first candidate on ties (NaN counts as the maximum)."""
+    s = slot_map(t)
+    cand = vm.buf(s["cand"])[:int(t.params["n_cand"])].long()
+    n = int(t.params["n"])
+    if bool(((cand < 0) | (cand >= n)).any()):
+        raise VMError(f"task {t.id} ({t.label}): a candidate index outside [0, {n}): {cand.tolist()}")
+    vm.buf(s["token"])[0] = int(cand[_first_argmax(vm.buf(s["logits"])[cand])])
+
+
 def op_l2_prefetch(vm, t):
     """A cache hint on the GPU: no buffer changes (the ranges are checked by the validator like any read)."""
 
@@ -240,6 +265,7 @@ def op_l2_prefetch(vm, t):
 REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
              "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode,
              "ATTN_PARTIAL": op_attn_partial, "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
+             "ARGMAX_PARTIAL": op_argmax_partial, "ARGMAX_MERGE": op_argmax_merge,
              "L2_PREFETCH": op_l2_prefetch}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 

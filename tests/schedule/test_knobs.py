@@ -164,6 +164,24 @@ def _check_early_kv(p, v):
     assert [(t.op, t.sm, t.label) for t in p.tasks] == [(t.op, t.sm, t.label) for t in BASE.tasks]
 
 
+def _check_split_argmax(p, v):
+    """False: one ARGMAX waiting on one logits counter that every LM-head tile signals; True (default): one
+    ARGMAX_PARTIAL per tile waiting on that tile's own counter, covering the vocabulary in order, then ARGMAX_MERGE
+    over them."""
+    assert v is False
+    tiles = lambda q: [t for t in q.tasks if t.label.startswith("lm_head[")]  # noqa: E731
+    part = [t for t in BASE.tasks if t.op == "ARGMAX_PARTIAL"]
+    (merge,) = [t for t in BASE.tasks if t.op == "ARGMAX_MERGE"]
+    assert [(t.params["start"], t.params["count"], t.params["slot"]) for t in part] == \
+        [(t.params["row_start"], t.params["row_count"], k) for k, t in enumerate(tiles(BASE))]
+    assert [t.waits[0].counter for t in part] == [t.out_counter for t in tiles(BASE)]
+    assert len({t.out_counter for t in tiles(BASE)}) == len(part)
+    assert merge.params == {"n": C.vocab, "n_cand": len(part)} and merge.waits[0].threshold == len(part)
+    (one,) = [t for t in p.tasks if t.op.startswith("ARGMAX")]
+    assert one.op == "ARGMAX" and one.waits[0].threshold == len(tiles(p))
+    assert {t.out_counter for t in tiles(p)} == {one.waits[0].counter}
+
+
 def _check_num_sms(p, v):
     assert len(p.queues) == v and len(BASE.queues) == H100.sm_count
     assert max(t.sm for t in p.tasks) < v
@@ -233,7 +251,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
               "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles,
-              "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv}
+              "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
+              "split_argmax": _check_split_argmax}
 
 
 def test_every_knob_has_an_alternative_value():

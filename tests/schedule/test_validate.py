@@ -468,3 +468,30 @@ def test_early_kv_hint_must_be_0_or_1():
     assert validate(p).ok
     att[0].params["early_kv"] = 2
     rejected(p, f"task {att[0].id} (ATTN_PARTIAL {att[0].label})", "early_kv")
+
+
+def test_split_argmax_checks():
+    """The split argmax validates as lowered; the validator rejects, naming the task: a partial that does not wait
+    for its tile (a race on the logits), candidates beyond the logits, a float candidate buffer, and a merge that
+    does not wait for every partial."""
+    import copy
+
+    from schedule.graph import load_model
+    from schedule.ir import DType
+    from schedule.lower import lower
+    base = lower(load_model("toy"), TARGETS["h100"], {"lm_head_rows": 64, "num_sms": 4}, max_seq=16)
+    part = [t for t in base.tasks if t.op == "ARGMAX_PARTIAL"]
+    (merge,) = [t for t in base.tasks if t.op == "ARGMAX_MERGE"]
+    assert len(part) == 5 and validate(base).ok
+    p = copy.deepcopy(base)
+    p.tasks[part[2].id].waits = []
+    rejected(p, f"task {part[2].id}", "logits")
+    p = copy.deepcopy(base)
+    p.tasks[merge.id].params["n_cand"] = 400
+    rejected(p, f"task {merge.id} (ARGMAX_MERGE", "cand")
+    p = copy.deepcopy(base)
+    p.buffers[merge.inputs[1]].dtype = DType.F32
+    rejected(p, f"task {merge.id} (ARGMAX_MERGE", "cand i32")
+    p = copy.deepcopy(base)
+    p.tasks[merge.id].waits[0].threshold = 4
+    rejected(p, f"task {merge.id}", "cand")

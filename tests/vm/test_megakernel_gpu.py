@@ -191,8 +191,8 @@ def test_trap_unknown_opcode_then_valid_launch(path):
 def test_timeout_names_task_and_counter_then_valid_launch():
     g, prog, _ = make("llama-untied", "f32", "default")
     bad = copy.deepcopy(prog)
-    # ARGMAX: nothing waits on it, so it is the only block that can time out (deterministic report)
-    k = next(i for i, t in enumerate(bad.tasks) if t.op == "ARGMAX")
+    # the final argmax: nothing waits on it, so it is the only block that can time out (deterministic report)
+    k = next(i for i, t in enumerate(bad.tasks) if t.op in ("ARGMAX", "ARGMAX_MERGE"))
     bad.tasks[k].waits[0].threshold += 1                 # never satisfied
     from vm.loader import MegakernelVM
     vm = MegakernelVM(bad, g.weights, check=False, timeout_s=0.5)
@@ -372,3 +372,28 @@ def test_knobs_change_the_build():
     assert (info["threads"], info["prefetch_depth"]) == (vm.threads, vm.prefetch_depth)
     if vm.prefetch_depth > 0:
         assert vm.prefetch_cap > 0 and int(vm.instrs_np["prefetch_bytes"].max()) > 0
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_argmax_ties_across_lm_head_tiles(split):
+    """next_token on the GPU is torch.argmax of its logits (first index on ties) with and without split_argmax, on
+    an LM head whose rows [r1, vocab) are one row w (equal logits, tied across tiles) and rows [0, r1) are w / 2:
+    the answer is r1 (w . x > 0) or 0, and each sign of w gives one of them."""
+    from vm.loader import MegakernelVM
+    g = graph("llama-untied", "f32", seed=8)
+    key = "lm_head.weight"
+    V, r1 = g.config.vocab, 77                    # lm_head_rows 16: r1 inside the 5th tile, ties span the rest
+    w = torch.randn(g.config.hidden, generator=torch.Generator().manual_seed(2))
+    out = {}
+    for sign in (1.0, -1.0):
+        lm = (sign * w).repeat(V, 1)
+        lm[:r1] *= 0.5
+        weights = {**g.weights, key: lm.to(g.weights[key].dtype)}
+        prog = lower(g, TARGETS["h100"], {"lm_head_rows": 16, "num_sms": 8, "split_argmax": split}, max_seq=16)
+        assert sum(t.op == "ARGMAX_PARTIAL" for t in prog.tasks) == (-(-V // 16) if split else 0)
+        vm = MegakernelVM(prog, weights)
+        logits = vm.step(9, 0).cpu()
+        tok = int(vm.next_token.item())
+        assert tok == int(torch.argmax(logits)) == (r1 if float(logits[r1]) > 0 else 0)
+        out[sign] = (tok, logits)
+    assert {t for t, _ in out.values()} == {0, r1}   # one sign puts the tie on top, the other the halved rows

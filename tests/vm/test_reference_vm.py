@@ -100,3 +100,50 @@ def test_attn_merge_in_o_proj_matches_merge_tasks(family):
         out.append(torch.stack([vm.step(5 + i, 3 * i).clone() for i in range(5)]))
     assert torch.isfinite(out[0]).all()
     assert torch.equal(out[0], out[1])
+
+
+class _Mem:
+    """The slice of a VM the argmax ops touch: buffers by id."""
+    def __init__(self, bufs):
+        self.bufs = bufs
+
+    def buf(self, bid):
+        return self.bufs[bid]
+
+
+def _split_argmax(logits: torch.Tensor, bounds: list[int]) -> int:
+    """ARGMAX_PARTIAL per range [bounds[k], bounds[k+1]), then ARGMAX_MERGE, on the reference ops directly."""
+    from schedule.ir import Task
+    from vm.reference_vm import REFERENCE
+    n_cand = len(bounds) - 1
+    mem = _Mem({0: logits, 1: torch.full((n_cand,), -7, dtype=torch.int32), 2: torch.zeros(1, dtype=torch.int32)})
+    for k in range(n_cand):
+        REFERENCE["ARGMAX_PARTIAL"](mem, Task(k, "ARGMAX_PARTIAL", [0], [1], params={
+            "start": bounds[k], "count": bounds[k + 1] - bounds[k], "slot": k}))
+    REFERENCE["ARGMAX_MERGE"](mem, Task(n_cand, "ARGMAX_MERGE", [0, 1], [2],
+                                        params={"n": len(logits), "n_cand": n_cand}))
+    return int(mem.buf(2)[0])
+
+
+@pytest.mark.parametrize("bounds", [[0, 313], [0, 64, 128, 192, 256, 313], [0, 1, 2, 100, 101, 313],
+                                    [0, 157, 313]])
+def test_split_argmax_is_torch_argmax(bounds):
+    """The split argmax picks what torch.argmax picks (first index on ties) for random logits, ties inside a range
+    and across ranges, and the first NaN (NaN counts as the maximum); hand-checked indices, 313 logits."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(313, generator=g)
+    assert _split_argmax(x, bounds) == int(torch.argmax(x))
+    x[[70, 71, 200]] = x.max() + 1.0          # ties inside one range and across ranges: the first wins
+    assert _split_argmax(x, bounds) == 70 == int(torch.argmax(x))
+    x[[250, 150, 300]] = float("nan")          # NaN is the maximum; the first NaN wins
+    assert _split_argmax(x, bounds) == 150
+    x = torch.full((313,), -3.5)               # all equal: index 0
+    assert _split_argmax(x, bounds) == 0 == int(torch.argmax(x))
+
+
+def test_argmax_merge_rejects_a_candidate_outside_the_logits():
+    from schedule.ir import Task
+    from vm.reference_vm import REFERENCE
+    mem = _Mem({0: torch.randn(10), 1: torch.tensor([3, 12], dtype=torch.int32), 2: torch.zeros(1, dtype=torch.int32)})
+    with pytest.raises(VMError, match=r"outside \[0, 10\)"):
+        REFERENCE["ARGMAX_MERGE"](mem, Task(0, "ARGMAX_MERGE", [0, 1], [2], params={"n": 10, "n_cand": 2}, label="m"))

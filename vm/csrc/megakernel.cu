@@ -101,6 +101,8 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
     case AMK_OP_ATTN_MERGE: amk_op_attn_merge(c); break;
     case AMK_OP_ADD: amk_op_add(c); break;
     case AMK_OP_ARGMAX: amk_op_argmax(c); break;
+    case AMK_OP_ARGMAX_PARTIAL: amk_op_argmax_partial(c); break;
+    case AMK_OP_ARGMAX_MERGE: amk_op_argmax_merge(c); break;
     case AMK_OP_L2_PREFETCH: amk_op_l2_prefetch(c); break;
     default:
       if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_OPCODE, c.instr_index);
