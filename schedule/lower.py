@@ -433,7 +433,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         ins = [xin, lm] + ([nw] if nw is not None else [])
         b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
                                              "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,
-                                             "eps": c.rms_eps}, [cin], c_log[k % len(c_log)], f"lm_head[{r0}:{r0 + rn}]")
+                                             "eps": c.rms_eps}, [cin], c_log[k if cfg.split_argmax else 0],
+               f"lm_head[{r0}:{r0 + rn}]")
     if cfg.split_argmax:
         cand, c_cand = b.buf("argmax_cand", BufferKind.ACTIVATION, DType.I32, (len(lm_tiles),)), b.counter("argmax_cand")
         for k, (r0, rn) in enumerate(lm_tiles):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from schedule import ops
-from schedule.ir import BufferKind, Task, Wait
+from schedule.ir import BufferKind, DType, Task, Wait
 from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_K, QKV_MODE_RAW, QKV_MODE_V
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
@@ -256,9 +256,9 @@ class TaskChecks:
         elif op == "ARGMAX":
             need(P["n"] >= 1, "n must be >= 1")
         elif op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE"):   # the kernel reads fp32 logits, writes int32 indices
-            dt = lambda slot: self.p.buffers[s[slot]].dtype.value  # noqa: E731
-            need(dt("logits") == "f32" and dt("cand") == "i32",
-                 f"logits must be f32 and cand i32, got {dt('logits')} / {dt('cand')}")
+            dt = lambda slot: self.p.buffers[s[slot]].dtype  # noqa: E731
+            need(dt("logits") == DType.F32 and dt("cand") == DType.I32,
+                 f"logits must be f32 and cand i32, got {dt('logits').value} / {dt('cand').value}")
             if op == "ARGMAX_MERGE":
                 need(P["n_cand"] <= P["n"], f"n_cand {P['n_cand']} > n {P['n']}: more candidates than logits")
         for m in bad:

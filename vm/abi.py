@@ -114,16 +114,16 @@ _OPS = [
     # weights are on chip before it runs; placed where HBM would otherwise idle (lowering knob mlp_prefetch_kb)
     OpSpec("L2_PREFETCH", 11, "prefetch", ("w_a",), (), ("start_a", "count_a", "has_b", "start_b", "count_b"),
            (), (("w_b", "has_b"),)),
+    # QK-norm + RoPE of one KV group from the RAW QKV rows: q[g*G:(g+1)*G] = rope(rmsnorm(q_raw) * q_norm_w) and
+    # k_cache[kv_head, pos] = rope(rmsnorm(k_raw[kv_head]) * k_norm_w); per head, over head_dim
+    OpSpec("QK_NORM_ROPE", 12, "norm", ("q_raw", "k_raw", "pos", "inv_freq", "q_norm_w", "k_norm_w"),
+           ("q", "k_cache"), ("kv_head", "group", "head_dim", "max_seq"), ("eps",)),
     # the split argmax (lowering knob split_argmax): cand[slot] = start + argmax(logits[start:start+count]) (first
     # index on ties, NaN counts as the maximum), one task per LM-head tile, run as soon as that tile is done
     OpSpec("ARGMAX_PARTIAL", 13, "reduce", ("logits",), ("cand",), ("start", "count", "slot")),
     # token[0] = cand[i] for the first i in [0, n_cand) with the largest logits[cand[i]]; with the candidates of
     # ascending disjoint ranges covering [0, n) that is argmax(logits[0:n]) (first index on ties)
     OpSpec("ARGMAX_MERGE", 14, "reduce", ("logits", "cand"), ("token",), ("n", "n_cand")),
-    # QK-norm + RoPE of one KV group from the RAW QKV rows: q[g*G:(g+1)*G] = rope(rmsnorm(q_raw) * q_norm_w) and
-    # k_cache[kv_head, pos] = rope(rmsnorm(k_raw[kv_head]) * k_norm_w); per head, over head_dim
-    OpSpec("QK_NORM_ROPE", 12, "norm", ("q_raw", "k_raw", "pos", "inv_freq", "q_norm_w", "k_norm_w"),
-           ("q", "k_cache"), ("kv_head", "group", "head_dim", "max_seq"), ("eps",)),
 ]
 OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
 OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}
