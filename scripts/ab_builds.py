@@ -51,7 +51,8 @@ def main():
             vm = MegakernelVM(prog, g.weights)
             chk = check_program(vm, g, 4)
             row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], build_s=round(time.time() - t0, 1),
-                       floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[])
+                       floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[],
+                       ring_bytes=vm.ring_bytes, n_streamed=vm.n_streamed, smem_bytes=vm.smem_bytes)
             if chk["correct"]:
                 vms[name] = vm
         except Exception as e:  # report and go on with the next variant

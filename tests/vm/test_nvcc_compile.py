@@ -42,3 +42,12 @@ def test_nvcc_compiles_sm80_sm90a(tmp_path, threads, depth, path):
     hot = {k: v for k, v in sp.items() if re.search(r"gemv_body|silu_body|qkv_gemv_body", k)}
     assert len(hot) == 9, sorted(sp)   # 3 bodies x 3 weight dtypes
     assert all(v <= 32 for v in hot.values()), hot
+
+
+def test_ring_microbenchmark_compiles(tmp_path):
+    """scripts/ring_micro.cu (the bulk-copy vs register streaming microbenchmark of docs/PERF.md) still builds."""
+    src = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "ring_micro.cu"
+    r = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-c", str(src), "-o", str(tmp_path / "rm.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "warning" not in r.stderr.lower(), r.stderr[-4000:]

@@ -10,10 +10,12 @@
 // Stage n lives in slot n % AMK_STAGES; its mbarrier phase parity is (n / AMK_STAGES) & 1.
 //
 // Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True): on an H100
-// (llama-3.2-1b bf16, 2026 runs) the ring measured 2.78-2.97 ms/token against 1.66-1.83 ms for the register path.
-// Each 32 KB stage costs two block barriers plus a serial wait -> compute -> refill turn on thread 0, so a block
-// consumes ~12 GB/s instead of ~20. Making it pay needs per-warp consumption (empty/full mbarrier pairs, a dedicated
-// producer warp) instead of block-wide barriers per stage.
+// (llama-3.2-1b bf16, 2026 runs) the ring measured 2.78-2.97 ms/token against 1.66-1.83 ms for the register path,
+// and 2.0x the register path's 1.19 ms again on 2026-11-24 after a rebuild without block barriers per stage
+// (branch wip/ring-producer-warp, not merged). scripts/ring_micro.cu shows why (docs/PERF.md, fifteenth session):
+// with this GEMV consumer and the producer inside a consuming warp a block streams ~11 GB/s whatever the number of
+// stages, a dedicated producer warp gets ~20 GB/s, and 1-D bulk copies alone top out at ~33 GB/s per SM, where
+// plain register loads reach 55 GB/s per SM when the HBM has room.
 #pragma once
 #include "common.cuh"
 #include "mbarrier.cuh"
