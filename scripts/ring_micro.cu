@@ -38,16 +38,12 @@ __device__ __forceinline__ bool mb_test(uint32_t b, uint32_t par) {
                : "=r"(ok) : "r"(b), "r"(par) : "memory");
   return ok;
 }
-__device__ __forceinline__ void bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, int hint) {
-  if (hint) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
-  } else {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-  }
+// One 1-D bulk copy with the L2 evict-first hint (as the megakernel's ring issues them).
+__device__ __forceinline__ void bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
 }
 
 extern __shared__ __align__(128) unsigned char dyn[];
@@ -63,7 +59,7 @@ __device__ __forceinline__ float wsum(float v) {
 // stashed), thread 0 producing between its own stages; 3 = the same consumer on warps 0..nw-2 while warp nw-1 only
 // produces (a dedicated producer warp: lane 0 waits on each slot's empty barrier and refills it).
 __global__ void __launch_bounds__(512, 1) k_bulk(const char* __restrict__ w, size_t per_block, int S, int B, int cons,
-                                                 int hint, int copies, int spin, float* out) {
+                                                 int spin, float* out) {
   __shared__ __align__(8) uint64_t bars[64];
   __shared__ __align__(16) float xs[2048];
   __shared__ float stash[1024];
@@ -88,8 +84,7 @@ __global__ void __launch_bounds__(512, 1) k_bulk(const char* __restrict__ w, siz
       if (n >= (uint32_t)S && !mb_test(empty0 + 8 * (n % S), ((n / S) & 1) ^ 1)) return;
       const uint32_t bar = full0 + 8 * (n % S);
       mb_expect(bar, B);
-      const int cb = B / copies;
-      for (int k = 0; k < copies; ++k) bulk(base + (n % S) * B + k * cb, src + (size_t)n * B + k * cb, cb, bar, hint);
+      bulk(base + (n % S) * B, src + (size_t)n * B, B, bar);
       ++issued;
     }
   };
@@ -210,17 +205,16 @@ int main() {
   printf("%-44s %8.0f %10.1f\n", "reg 8x16B/lane (64 KB/SM in flight)", g, g / grid);
   g = timeit([&] { k_reg<<<grid, 512>>>(w, per_block, 1, out); });
   printf("%-44s %8.0f %10.1f\n", "reg 8x16B/lane + bf16 x fp32 FMA", g, g / grid);
-  struct M { int S, B, cons, hint, copies, spin; };
-  const M ms[] = {{4, 32768, 1, 1, 1, 0}, {4, 32768, 0, 1, 1, 0}, {4, 32768, 2, 1, 1, 0}, {4, 32768, 2, 1, 1, 1},
-                  {8, 16384, 2, 1, 1, 0}, {8, 16384, 2, 1, 1, 1}, {4, 32768, 3, 1, 1, 0}, {4, 32768, 3, 1, 1, 1},
-                  {8, 16384, 3, 1, 1, 1}, {4, 32768, 1, 1, 1, 1}};
+  struct M { int S, B, cons, spin; };
+  const M ms[] = {{4, 32768, 1, 0}, {4, 32768, 0, 0}, {4, 32768, 2, 0}, {4, 32768, 2, 1},
+                  {8, 16384, 2, 0}, {8, 16384, 2, 1}, {4, 32768, 3, 0}, {4, 32768, 3, 1},
+                  {8, 16384, 3, 1}, {4, 32768, 1, 1}};
   for (const M& m : ms) {
     if (cudaGetLastError() != cudaSuccess) return 1;
-    g = timeit([&] { k_bulk<<<grid, 512, m.S * m.B>>>(w, per_block, m.S, m.B, m.cons, m.hint, m.copies, m.spin, out); });
+    g = timeit([&] { k_bulk<<<grid, 512, m.S * m.B>>>(w, per_block, m.S, m.B, m.cons, m.spin, out); });
     char name[64];
     const char* cn[] = {" nocons", " read", " gemv", " gemv producer-warp"};
-    snprintf(name, sizeof name, "bulk %2d x %5d B%s%s%s", m.S, m.B, cn[m.cons], m.hint ? "" : " nohint",
-             m.spin ? " test-spin" : " try_wait");
+    snprintf(name, sizeof name, "bulk %2d x %5d B%s%s", m.S, m.B, cn[m.cons], m.spin ? " test-spin" : " try_wait");
     printf("%-44s %8.0f %10.1f\n", name, g, g / grid);
   }
   }
