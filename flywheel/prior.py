@@ -119,6 +119,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
              "tiles (and QK_NORM_ROPE task) done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
+    Knob("mlp_prefetch_delay_ns", int, 0, choices=(0, 500, 1000, 1500, 2000, 3000),
+         doc="ns an L2_PREFETCH task waits before its requests go out (released with the attention tasks, its "
+             "misses may queue in front of their q loads; 0-1500 measured equal on llama-3.2-1b, 2000+ slower); "
+             "only with mlp_prefetch_kb > 0"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
 )

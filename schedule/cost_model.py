@@ -18,7 +18,8 @@ costs time (docs/PERF.md, fourth and tenth sessions: every byte added to it meas
 
 Bytes that reach L2 before their task streams them, each a flow of its own that competes for the HBM:
 * ``wait_prefetch_kb`` (launch knob): a task that must wait asks L2 for the head of its weights while it waits;
-* L2_PREFETCH tasks (``mlp_prefetch_kb``): matched to the consumer tasks whose weight ranges they cover;
+* L2_PREFETCH tasks (``mlp_prefetch_kb``, requests out ``mlp_prefetch_delay_ns`` after the task starts): matched to
+  the consumer tasks whose weight ranges they cover;
 * ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
 What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
 shared-memory preload) is not modelled.
@@ -311,10 +312,8 @@ class _Sim:
     def _ready(self, i: int, t: float) -> None:
         c, task = self.c, self.p.tasks[i]
         self.ready[i] = t
-        if task.op == "L2_PREFETCH":
-            for ci, nbytes in self.pre.consumers_of.get(i, []):
-                self._prefetch(ci, nbytes)
-            self._timer(t + c.entry_us + c.prefetch_issue_us, "end", i)
+        if task.op == "L2_PREFETCH":   # its requests go out delay_ns after it starts
+            self._timer(t + c.entry_us + int(task.params.get("delay_ns", 0)) / 1000.0, "issue", i)
             return
         a = c.entry_us
         if task.op in GEMV_OPS or task.op in ATTN_OPS:   # stage the input, then the first batch's round trip
@@ -325,6 +324,12 @@ class _Sim:
         elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE", "RMSNORM", "ADD", "EMBED") or task.op in ARGMAX_OPS:
             a += self._lat() + self.pre.staged[i] / self.stage_bpu
         self._timer(t + a, "stream", i)
+
+    def _issue(self, i: int, t: float) -> None:
+        """An L2_PREFETCH task's requests go out: the consumers' prefetch flows start."""
+        for ci, nbytes in self.pre.consumers_of.get(i, []):
+            self._prefetch(ci, nbytes)
+        self._timer(t + self.c.prefetch_issue_us, "end", i)
 
     def _stream(self, i: int, t: float) -> None:
         found = sum(self.flows.cancel(f) for f in self.pf_flows[i])    # in L2 now; the rest joins our stream
@@ -381,6 +386,8 @@ class _Sim:
                     self._ready(i, t)
                 elif kind == "stream":
                     self._stream(i, t)
+                elif kind == "issue":
+                    self._issue(i, t)
                 else:
                     done += 1
                     self._end(i, t)

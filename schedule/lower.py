@@ -327,7 +327,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             n = min(rn * H, per_matrix)
             b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
-                                                 "count_b": n}, [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
+                                                 "count_b": n, "delay_ns": cfg.mlp_prefetch_delay_ns},
+                   [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
     xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
     wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
     _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,

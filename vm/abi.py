@@ -111,9 +111,10 @@ _OPS = [
     # token[0] = argmax(logits[0:n]) (first index on ties)
     OpSpec("ARGMAX", 10, "reduce", ("logits",), ("token",), ("n",)),
     # no effect on any buffer: asks L2 for w_a[start_a : start_a+count_a] (and the w_b range) so a later task's
-    # weights are on chip before it runs; placed where HBM would otherwise idle (lowering knob mlp_prefetch_kb)
-    OpSpec("L2_PREFETCH", 11, "prefetch", ("w_a",), (), ("start_a", "count_a", "has_b", "start_b", "count_b"),
-           (), (("w_b", "has_b"),)),
+    # weights are on chip before it runs; placed where HBM would otherwise idle (lowering knob mlp_prefetch_kb).
+    # delay_ns: the requests go out that long after the task starts (knob mlp_prefetch_delay_ns)
+    OpSpec("L2_PREFETCH", 11, "prefetch", ("w_a",), (),
+           ("start_a", "count_a", "has_b", "start_b", "count_b", "delay_ns"), (), (("w_b", "has_b"),)),
     # QK-norm + RoPE of one KV group from the RAW QKV rows: q[g*G:(g+1)*G] = rope(rmsnorm(q_raw) * q_norm_w) and
     # k_cache[kv_head, pos] = rope(rmsnorm(k_raw[kv_head]) * k_norm_w); per head, over head_dim
     OpSpec("QK_NORM_ROPE", 12, "norm", ("q_raw", "k_raw", "pos", "inv_freq", "q_norm_w", "k_norm_w"),

@@ -228,6 +228,12 @@ def _check_mlp_prefetch_at(p, v):
     assert all(p.counters[t.waits[0].counter].name.startswith(prefix) for t in _prefetch_tasks(p))
 
 
+def _check_mlp_prefetch_delay_ns(p, v):
+    tasks = _prefetch_tasks(p)
+    assert tasks and all(t.params["delay_ns"] == v for t in tasks)
+    assert all("delay_ns" not in t.params for t in p.tasks if t.op != "L2_PREFETCH")
+
+
 def _check_balance_tiles(p, v):
     assert v is True
     for op, lab, n in (("GEMV", ".o_proj[", C.hidden), ("GEMV", ".down[", C.hidden),
@@ -241,7 +247,7 @@ def _check_balance_tiles(p, v):
 
 # knobs that act only together with another one: both sides of the comparison carry these values
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
-REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
+REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
 WIDE = {"mlp_prefetch_kb": _LLAMA1B, "lm_head_rows": _LLAMA1B}
@@ -250,7 +256,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
-              "mlp_prefetch_at": _check_mlp_prefetch_at, "balance_tiles": _check_balance_tiles,
+              "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
+              "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax}
 

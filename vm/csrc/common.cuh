@@ -267,6 +267,7 @@ __device__ __forceinline__ void amk_cp_async_wait() {
 // A task's slot, from the shared-memory copy (no global round trip once the op runs).
 __device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)c.slots[slot].ptr; }
 __device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return c.slots[slot].dtype; }
+__device__ __forceinline__ int amk_dtype_bytes(int dt) { return (dt == AMK_DTYPE_BF16 || dt == AMK_DTYPE_F16) ? 2 : 4; }
 // The first int32 of an IO_INPUT slot (token id, position), read before the task's wait.
 __device__ __forceinline__ int amk_io_scalar(const AmkCtx& c, int slot) { return c.slots[slot].scalar; }
 

@@ -219,8 +219,14 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
 // ---------------------------------------------------------------------------------------------------------------
 static int g_smem_prepared = -1;
 
+// AMK_SMEM_CARVEOUT (percent, -1 = the driver's choice): the shared-memory share of the L1/shared storage.
+#ifndef AMK_SMEM_CARVEOUT
+#define AMK_SMEM_CARVEOUT -1
+#endif
 extern "C" int amk_prepare(int smem_bytes) {
   if (smem_bytes <= g_smem_prepared) return 0;
+  if (AMK_SMEM_CARVEOUT >= 0)
+    cudaFuncSetAttribute(amk_megakernel, cudaFuncAttributePreferredSharedMemoryCarveout, AMK_SMEM_CARVEOUT);
   const cudaError_t e =
       cudaFuncSetAttribute(amk_megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (e == cudaSuccess) g_smem_prepared = smem_bytes;

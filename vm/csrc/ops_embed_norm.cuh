@@ -60,19 +60,39 @@ __device__ __forceinline__ void amk_prep_norm(const AmkParams& p, const AmkInstr
   for (int i = amk_tid() - first; i < K; i += AMK_THREADS - first) nw_s[i] = amk_ldw(w, dt, i);
 }
 
+// The split layout of a staged x (AMK_X_SPLIT, default 1), for GEMVs over 2-byte weights with K % 8 == 0: elements
+// 8c..8c+3 at xs[4c..4c+3] and 8c+4..8c+7 at xs[K/2 + 4c..]. The GEMV loop's lane reads chunk c's 8 x values as two
+// float4 loads; with x linear, 32 lanes reading 32 contiguous bytes each hit every bank twice (a 2-way conflict:
+// 16 shared-memory wavefronts per chunk for the warp), split they read 512 contiguous bytes twice (8 wavefronts).
+// Every GEMV-family task re-reads x once per weight chunk, so this halves most of its shared-memory traffic.
+#ifndef AMK_X_SPLIT
+#define AMK_X_SPLIT 1
+#endif
+__device__ __forceinline__ bool amk_x_split(int weight_bytes, int K) {
+  return AMK_X_SPLIT && weight_bytes == 2 && (K & 7) == 0;
+}
+// Position of element e of a staged x of length K.
+__device__ __forceinline__ int amk_xpos(int e, int K, bool split) {
+  if (!split) return e;
+  const int j = e & 7, c4 = (e >> 3) << 2;
+  return j < 4 ? c4 + j : (K >> 1) + c4 + (j - 4);
+}
+
 // xs[0:K] = x[0:K] * nw_s (coherent loads; nw_s: the norm weight in shared memory from amk_prep_norm, or null:
 // xs = x). Returns the RMSNorm scale r = rsqrt(mean(x^2) + eps) (1 without norm): the consumer multiplies its dot
 // products by r (W . (x * nw) * r == W . rmsnorm(x)), so staging costs one round trip and ONE barrier -- the sum
 // of squares is reduced per warp before it and summed by every thread after it, in warp order (deterministic).
+// split (amk_x_split): xs in the split layout below, for the GEMV loop over 2-byte weights.
 //                                                                                      x: fp32 [K] global
 __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
-                                             float eps) {
+                                             float eps, bool split = false) {
   xs = amk_in_smem(xs);
   float* red = c.red;  // static shared scratch: warp partials of the sum of squares
   float ss = 0.f;
   if ((K & 3) == 0 && amk_aligned16(x)) {
     const float4* x4 = (const float4*)x;
     float4* xs4 = (float4*)xs;
+    const int half = split ? (K >> 3) : 0;  // split: float4 i (elements 4i..4i+3) of chunk i/2 -> its half's array
     for (int i = amk_tid(); i < (K >> 2); i += AMK_THREADS) {
       float4 v = __ldcg(x4 + i);
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -80,13 +100,13 @@ __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, in
         const float4 w = ((const float4*)amk_in_smem(nw_s))[i];
         v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
       }
-      xs4[i] = v;
+      xs4[split ? (i & 1) * half + (i >> 1) : i] = v;
     }
   } else {
     for (int i = amk_tid(); i < K; i += AMK_THREADS) {
       const float v = __ldcg(x + i);
       ss += v * v;
-      xs[i] = nw_s != nullptr ? v * amk_in_smem(nw_s)[i] : v;
+      xs[amk_xpos(i, K, split)] = nw_s != nullptr ? v * amk_in_smem(nw_s)[i] : v;
     }
   }
   if (nw_s != nullptr) {

@@ -37,10 +37,11 @@ __device__ __forceinline__ void amk_dot_vec(const char* const (&rows)[R], const 
       const int cc = c + u * cstep;
       if (cc < nc) {
         float xf[T::VE];
-        const float4* x4 = (const float4*)(xs + cc * T::VE);
+        // x of chunk cc: 2-byte weights read the split layout (amk_x_split: halves nc float4s apart)
+        const float4* x4 = (const float4*)xs + (T::VE == 8 && AMK_X_SPLIT ? cc : cc * (T::VE / 4));
 #pragma unroll
         for (int q = 0; q < T::VE / 4; ++q) {
-          const float4 t = x4[q];
+          const float4 t = x4[T::VE == 8 && AMK_X_SPLIT ? q * nc : q];
           xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
         }
 #pragma unroll
@@ -55,11 +56,12 @@ __device__ __forceinline__ void amk_dot_vec(const char* const (&rows)[R], const 
   }
 }
 
-// Scalar fallback: elements e0, e0+estep, ... < K.
+// Scalar fallback: elements e0, e0+estep, ... < K (x in the split layout where amk_x_split says so).
 template <class T, int R>
 __device__ __forceinline__ void amk_dot_scalar(const char* const (&rows)[R], const float* __restrict__ xs, int K,
                                                int e0, int estep, float (&acc)[R]) {
   constexpr int U = 4;
+  const bool split = amk_x_split(T::BYTES, K);
   for (int e = e0; e < K; e += estep * U) {
     float w[R][U];
 #pragma unroll
@@ -73,7 +75,7 @@ __device__ __forceinline__ void amk_dot_scalar(const char* const (&rows)[R], con
       const int ee = e + u * estep;
       if (ee < K) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = fmaf(w[r][u], xs[ee], acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = fmaf(w[r][u], xs[amk_xpos(ee, K, split)], acc[r]);
       }
     }
   }
@@ -279,7 +281,7 @@ __device__ __forceinline__ int amk_merged_x_floats(const AmkInstr& in) {
 // amk_attn_merge_elem: the same bits). The whole buffer is copied into ps first (16-byte cp.async when aligned: one
 // round trip for all of it), then each thread merges its elements from shared memory. Ends with a barrier.
 __device__ __forceinline__ void amk_stage_merged_x(const AmkCtx& c, const float* part, int K, int ns, int G, int D,
-                                                   float* xs, float* ps) {
+                                                   float* xs, float* ps, bool split) {
   xs = amk_in_smem(xs);
   ps = amk_in_smem(ps);
   const int GD = G * D, hrow = ns * G * (D + 2), n = K / GD * hrow;
@@ -293,7 +295,7 @@ __device__ __forceinline__ void amk_stage_merged_x(const AmkCtx& c, const float*
   __syncthreads();
   for (int idx = amk_tid(); idx < K; idx += AMK_THREADS) {
     const int h = idx / GD, r = idx - h * GD, g = r / D;
-    xs[idx] = amk_attn_merge_elem(ps + h * hrow, ns, G, D, g, r - g * D, AmkLdPlain{});
+    xs[amk_xpos(idx, K, split)] = amk_attn_merge_elem(ps + h * hrow, ns, G, D, g, r - g * D, AmkLdPlain{});
   }
   __syncthreads();
   amk_mark(c, 1);
@@ -318,12 +320,13 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     tail += amk_pad4(rn);
   }
   const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X);
+  const bool split = amk_x_split(amk_dtype_bytes(amk_dtype(c, AMK_GEMV_IN_W)), K);
   float xr = 1.0f;  // y = (W . xs) * xr; both stagings end with a barrier
   if (in.ip[AMK_GEMV_IP_X_SPLITS] > 0)  // (the validator rules out has_norm here)
     amk_stage_merged_x(c, x, K, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
-                       in.ip[AMK_GEMV_IP_X_HEAD_DIM], xs, tail);
+                       in.ip[AMK_GEMV_IP_X_HEAD_DIM], xs, tail, split);
   else
-    xr = amk_stage_x(c, x, K, xs, has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_FP_EPS]);
+    xr = amk_stage_x(c, x, K, xs, has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_FP_EPS], split);
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
@@ -354,7 +357,8 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   const int s_h = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
   const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs,
-                               has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS]);
+                               has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS],
+                               amk_x_split(amk_dtype_bytes(amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE)), K));
   float* h = (float*)amk_ptr(c, s_h);
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);

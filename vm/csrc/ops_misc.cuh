@@ -9,8 +9,18 @@
 #include "common.cuh"
 #include "sync.cuh"
 
+// The requests go out delay_ns after the task starts (knob mlp_prefetch_delay_ns): released together with the
+// attention tasks, misses issued at once would queue in front of their q loads (L2 hits on the critical path).
 __device__ __noinline__ void amk_op_l2_prefetch(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
+  const int delay = in.ip[AMK_L2_PREFETCH_IP_DELAY_NS];
+  if (delay > 0) {
+    if (amk_tid() == 0) {
+      const uint64_t t0 = amk_globaltimer();
+      while ((int64_t)(amk_globaltimer() - t0) < delay) __nanosleep(128);
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int k = 0; k < AMK_MAX_PREFETCH; ++k) amk_prefetch_range(in.prefetch_ptr[k], in.prefetch_bytes[k]);
 }
