@@ -141,6 +141,23 @@ def test_wait_prefetch_moves_a_waiting_tasks_bytes_early():
     assert seq_on == pytest.approx(seq_off)
 
 
+@pytest.mark.parametrize("delay_ns", [0, 1500])
+def test_l2_prefetch_requests_go_out_after_its_delay(delay_ns):
+    # an L2_PREFETCH task on SM 2 covering the rows of GEMV tile 1 (SM 1, which waits for tile 0 on SM 0): it
+    # ends entry + delay + issue after it is ready (hand-computed from the constants)
+    c = cm.CALIB
+    prog = _gemv_program(2, 64, 4096, waits_on_first=True)
+    w = prog.buffers[1]
+    pf = Task(2, "L2_PREFETCH", [1], [], -1, [],
+              {"start_a": 64 * 4096, "count_a": 64 * 4096, "has_b": 0, "start_b": 0, "count_b": 0,
+               "delay_ns": delay_ns}, sm=2, label="pf")
+    prog = MegakernelProgram(prog.meta, prog.target, prog.buffers, prog.counters, prog.tasks + [pf],
+                             prog.queues + [[2]], prog.config)
+    assert w.kind == BufferKind.WEIGHT
+    sim = cm.simulate(prog, ctx=0)
+    assert sim.end[2] - sim.ready[2] == pytest.approx(c.entry_us + delay_ns / 1000 + c.prefetch_issue_us, rel=1e-9)
+
+
 def test_deadlock_is_an_error_not_a_hang():
     prog = _gemv_program(2, 16, 256, waits_on_first=True)
     prog.tasks[0].waits = [Wait(1, 1)]            # task 0 waits on task 1, which waits on task 0
