@@ -12,8 +12,9 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_K, QKV_MODE_RAW, QKV_M
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
+MAX_PREFETCH_DELAY_NS = 100_000   # an L2_PREFETCH task's delay_ns (its SM sleeps without polling the abort flag)
 # iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
-DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "early_kv"}
+DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "early_kv", "delay_ns"}
                      | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
@@ -255,6 +256,9 @@ class TaskChecks:
                 need(0 <= P["split"] < P["n_splits"], f"split {P['split']} outside [0, n_splits)")
         elif op == "ARGMAX":
             need(P["n"] >= 1, "n must be >= 1")
+        elif op == "L2_PREFETCH":   # the SM sleeps that long without polling the abort flag: keep it short
+            need(0 <= P.get("delay_ns", 0) <= MAX_PREFETCH_DELAY_NS,
+                 f"delay_ns {P.get('delay_ns', 0)} outside [0, {MAX_PREFETCH_DELAY_NS}]")
         elif op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE"):   # the kernel reads fp32 logits, writes int32 indices
             dt = lambda slot: self.p.buffers[s[slot]].dtype  # noqa: E731
             need(dt("logits") == DType.F32 and dt("cand") == DType.I32,

@@ -495,3 +495,16 @@ def test_split_argmax_checks():
     p = copy.deepcopy(base)
     p.tasks[merge.id].waits[0].threshold = 4
     rejected(p, f"task {merge.id}", "cand")
+
+
+@pytest.mark.parametrize("delay", [-1, 100_001])
+def test_l2_prefetch_delay_out_of_range_is_rejected(toy, delay):
+    # the kernel sleeps delay_ns without polling the abort flag: the validator bounds it (0..100 us)
+    from schedule.lower import lower
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(mlp_prefetch_kb=64, mlp_prefetch_delay_ns=1500), max_seq=64)
+    pf = [t for t in p.tasks if t.op == "L2_PREFETCH"]
+    assert pf and validate(p).ok and all(t.params["delay_ns"] == 1500 for t in pf)
+    pf[0].params["delay_ns"] = delay
+    rejected(p, f"task {pf[0].id}", "L2_PREFETCH", f"delay_ns {delay} outside [0, 100000]")
+    del pf[0].params["delay_ns"]   # programs written before the param existed: 0, no delay
+    assert validate(p).ok

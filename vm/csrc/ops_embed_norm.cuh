@@ -82,7 +82,7 @@ __device__ __forceinline__ int amk_xpos(int e, int K, bool split) {
 // xs = x). Returns the RMSNorm scale r = rsqrt(mean(x^2) + eps) (1 without norm): the consumer multiplies its dot
 // products by r (W . (x * nw) * r == W . rmsnorm(x)), so staging costs one round trip and ONE barrier -- the sum
 // of squares is reduced per warp before it and summed by every thread after it, in warp order (deterministic).
-// split (amk_x_split): xs in the split layout below, for the GEMV loop over 2-byte weights.
+// split (amk_x_split): xs in the split layout above, for the GEMV loop over 2-byte weights.
 //                                                                                      x: fp32 [K] global
 __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
                                              float eps, bool split = false) {
