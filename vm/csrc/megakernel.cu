@@ -220,8 +220,8 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
 static int g_smem_prepared = -1;
 
 // AMK_SMEM_CARVEOUT (percent, -1 = the driver's choice): the shared-memory share of the L1/shared storage. A
-// diagnostic switch: the kernel needs its L1 (per-thread stacks, instruction PODs): 100 measured +7% on an H100
-// (docs/PERF.md, sixteenth session); the driver's default already leaves L1 everything shared memory does not need.
+// diagnostic switch: the kernel needs its L1 (per-thread stacks, instruction PODs); on an H100 100 measured +7% and
+// 50 +0.6% against the driver's choice (docs/PERF.md, sixteenth session).
 #ifndef AMK_SMEM_CARVEOUT
 #define AMK_SMEM_CARVEOUT -1
 #endif

@@ -71,6 +71,10 @@ __device__ __forceinline__ void amk_prep_norm(const AmkParams& p, const AmkInstr
 __device__ __forceinline__ bool amk_x_split(int weight_bytes, int K) {
   return AMK_X_SPLIT && weight_bytes == 2 && (K & 7) == 0;
 }
+// The same, for the GEMV whose weights are in `slot` (the staging calls of GEMV, GEMV_SILU_MUL, QKV_ROPE).
+__device__ __forceinline__ bool amk_x_split(const AmkCtx& c, int slot, int K) {
+  return amk_x_split(amk_dtype_bytes(amk_dtype(c, slot)), K);
+}
 // Position of element e of a staged x of length K.
 __device__ __forceinline__ int amk_xpos(int e, int K, bool split) {
   if (!split) return e;

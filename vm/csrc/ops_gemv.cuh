@@ -37,11 +37,13 @@ __device__ __forceinline__ void amk_dot_vec(const char* const (&rows)[R], const 
       const int cc = c + u * cstep;
       if (cc < nc) {
         float xf[T::VE];
-        // x of chunk cc: 2-byte weights read the split layout (amk_x_split: halves nc float4s apart)
-        const float4* x4 = (const float4*)xs + (T::VE == 8 && AMK_X_SPLIT ? cc : cc * (T::VE / 4));
+        // x of chunk cc: 2-byte weights read the split layout (amk_x_split: the vec path has K % 8 == 0; the
+        // halves are nc float4s apart)
+        constexpr bool split = AMK_X_SPLIT && T::BYTES == 2;
+        const float4* x4 = (const float4*)xs + (split ? cc : cc * (T::VE / 4));
 #pragma unroll
         for (int q = 0; q < T::VE / 4; ++q) {
-          const float4 t = x4[T::VE == 8 && AMK_X_SPLIT ? q * nc : q];
+          const float4 t = x4[split ? q * nc : q];
           xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
         }
 #pragma unroll
@@ -320,7 +322,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     tail += amk_pad4(rn);
   }
   const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X);
-  const bool split = amk_x_split(amk_dtype_bytes(amk_dtype(c, AMK_GEMV_IN_W)), K);
+  const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
   float xr = 1.0f;  // y = (W . xs) * xr; both stagings end with a barrier
   if (in.ip[AMK_GEMV_IP_X_SPLITS] > 0)  // (the validator rules out has_norm here)
     amk_stage_merged_x(c, x, K, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
@@ -358,7 +360,7 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
   const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs,
                                has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS],
-                               amk_x_split(amk_dtype_bytes(amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE)), K));
+                               amk_x_split(c, AMK_GEMV_SILU_MUL_IN_W_GATE, K));
   float* h = (float*)amk_ptr(c, s_h);
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);
