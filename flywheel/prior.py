@@ -108,6 +108,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("wait_prefetch_kb", int, 64, choices=(0, 32, 64, 128, 256), affects="launch",
          doc="KB of a task's own weights asked into L2 when it must wait on a counter (0 = off): HBM works while "
              "the SM waits; tasks that need not wait prefetch nothing"),
+    Knob("wait_prefetch_next_kb", int, 0, choices=(0, 64, 128, 256, 512), affects="launch",
+         doc="KB of the NEXT queued task's weights also asked into L2 while a task waits (after its own "
+             "wait_prefetch_kb; 0 = off): an SM idle during the attention hops fetches the head of its next tile"),
+    Knob("wait_prefetch_pace_kb", int, 0, choices=(0, 4, 8, 16, 32), affects="launch",
+         doc="KB of a waiting task's L2 prefetches (wait_prefetch_kb + wait_prefetch_next_kb) requested per poll "
+             "of its wait (about one per microsecond); 0 = all at once when the wait begins"),
     Knob("preload_kb", int, 0, choices=(0, 64, 128, 160, 192), affects="launch",
          doc="KB of shared memory for the whole-tile weight preload (sm_90+, 0 = off; > 0 also selects the kernel "
              "build with the preload path): GEMV-family tasks whose tile fits are bulk-copied into it before they "

@@ -89,7 +89,10 @@ def launch_knobs(config) -> dict[str, int]:
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     kb = int(d.get("wait_prefetch_kb", KNOB_BY_NAME["wait_prefetch_kb"].default))
     pk = int(d.get("preload_kb", KNOB_BY_NAME["preload_kb"].default))
-    return {"wait_prefetch_bytes": kb * 1024, "preload_bytes": pk * 1024}
+    nk = int(d.get("wait_prefetch_next_kb", KNOB_BY_NAME["wait_prefetch_next_kb"].default))
+    pace = int(d.get("wait_prefetch_pace_kb", KNOB_BY_NAME["wait_prefetch_pace_kb"].default))
+    return {"wait_prefetch_bytes": kb * 1024, "preload_bytes": pk * 1024, "wait_prefetch_next_bytes": nk * 1024,
+            "wait_prefetch_pace_bytes": pace * 1024}
 
 
 def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
@@ -335,6 +338,8 @@ class MegakernelVM:
         self.prefetch_cap = prefetch_cap_bytes(l2, self.grid, self.prefetch_depth, prefetch_fraction)
         self.wait_prefetch_bytes = (knobs["wait_prefetch_bytes"] if wait_prefetch_kb is None
                                     else int(wait_prefetch_kb) * 1024)
+        self.wait_prefetch_next_bytes = knobs["wait_prefetch_next_bytes"]
+        self.wait_prefetch_pace_bytes = knobs["wait_prefetch_pace_bytes"]
         offs, items = pack_queues(program)
         self.bufs_np = pack_buffers(program, ptr)
         dev = self.device
@@ -392,7 +397,8 @@ class MegakernelVM:
     def _launch(self) -> None:
         self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
                         self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
-                        self._trace_ptr, self.wait_prefetch_bytes, self.preload_bytes)
+                        self._trace_ptr, self.wait_prefetch_bytes, self.preload_bytes,
+                        self.wait_prefetch_next_bytes, self.wait_prefetch_pace_bytes)
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),

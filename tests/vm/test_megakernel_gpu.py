@@ -252,6 +252,27 @@ def test_l2_prefetch_tasks_leave_results_bit_identical(at):
     assert rel_err(outs[2][-1], torch.stack([ref.step(3 + i, i).clone() for i in range(3)])[-1]) <= 2e-3
 
 
+def test_wait_prefetch_knobs_leave_results_bit_identical():
+    """wait_prefetch_kb / wait_prefetch_next_kb / wait_prefetch_pace_kb only ask L2 for weight bytes while a task
+    waits (its own, then the next queued task's, all at once or a few KB per poll): the logits must not change by a
+    bit, and match the ReferenceVM."""
+    from vm.loader import MegakernelVM, launch_knobs
+    g = graph("wide", "bf16")
+    outs = []
+    knobs = [{}, {"wait_prefetch_kb": 0}, {"wait_prefetch_next_kb": 512},
+             {"wait_prefetch_kb": 256, "wait_prefetch_next_kb": 128, "wait_prefetch_pace_kb": 4},
+             {"wait_prefetch_next_kb": 64, "wait_prefetch_pace_kb": 32}]
+    for kn in knobs:
+        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], **kn}, max_seq=48)
+        vm = MegakernelVM(prog, g.weights)
+        assert vm.wait_prefetch_next_bytes == launch_knobs(prog.config)["wait_prefetch_next_bytes"]
+        assert vm.wait_prefetch_pace_bytes == 1024 * kn.get("wait_prefetch_pace_kb", 0)
+        outs.append(torch.stack([vm.step(3 + i, 2 * i).clone() for i in range(3)]))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    ref = ReferenceVM(prog, g.weights)
+    assert rel_err(outs[-1], torch.stack([ref.step(3 + i, 2 * i).clone() for i in range(3)])) <= 2e-2
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_qk_norm_rope_tasks_match_whole_head_qkv_tiles(dtype):
     """QK-norm model (head_dim 128): split QKV tiles writing RAW rows + QK_NORM_ROPE tasks give the same logits as

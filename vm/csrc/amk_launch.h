@@ -24,6 +24,10 @@ typedef struct AmkParams {
   int32_t wait_prefetch_bytes;   // L2 prefetch of a task's own weights when it must wait (0 = off; knob
                                  // wait_prefetch_kb)
   int32_t preload_bytes;         // size of the preload buffer (preload.cuh; 0 = off; knob preload_kb), 128-multiple
+  int32_t wait_prefetch_next_bytes;  // while a task waits, also ask L2 for this many bytes of the NEXT queued
+                                     // task's weights, after its own (0 = off; knob wait_prefetch_next_kb)
+  int32_t wait_prefetch_pace_bytes;  // bytes of those prefetches issued per poll of the wait (0 = all at once, on
+                                     // the first poll; knob wait_prefetch_pace_kb)
   int32_t pad0;
 } AmkParams;
 

@@ -25,7 +25,8 @@ void check_tensor(const torch::Tensor& t, const char* name, c10::ScalarType dtyp
 void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, const torch::Tensor& queue_items,
             const torch::Tensor& bufs, const torch::Tensor& sync, int64_t n_counters, int64_t status_offset,
             int64_t grid, int64_t smem_bytes, int64_t timeout_ns, int64_t prefetch_cap, int64_t trace_ptr,
-            int64_t wait_prefetch_bytes, int64_t preload_bytes) {
+            int64_t wait_prefetch_bytes, int64_t preload_bytes, int64_t wait_prefetch_next_bytes,
+            int64_t wait_prefetch_pace_bytes) {
   const torch::Device dev = instrs.device();
   check_tensor(instrs, "instrs", torch::kUInt8, dev);
   check_tensor(queue_offsets, "queue_offsets", torch::kInt32, dev);
@@ -52,6 +53,12 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
   TORCH_CHECK(wait_prefetch_bytes >= 0 && wait_prefetch_bytes <= (1 << 30), "amk launch: wait_prefetch_bytes ",
               wait_prefetch_bytes, " out of [0, 2^30]");
   p.wait_prefetch_bytes = (int32_t)wait_prefetch_bytes;
+  TORCH_CHECK(wait_prefetch_next_bytes >= 0 && wait_prefetch_next_bytes <= (1 << 30),
+              "amk launch: wait_prefetch_next_bytes ", wait_prefetch_next_bytes, " out of [0, 2^30]");
+  p.wait_prefetch_next_bytes = (int32_t)wait_prefetch_next_bytes;
+  TORCH_CHECK(wait_prefetch_pace_bytes >= 0 && wait_prefetch_pace_bytes <= (1 << 30) && wait_prefetch_pace_bytes % 16 == 0,
+              "amk launch: wait_prefetch_pace_bytes ", wait_prefetch_pace_bytes, " must be a multiple of 16 in [0, 2^30]");
+  p.wait_prefetch_pace_bytes = (int32_t)wait_prefetch_pace_bytes;
   TORCH_CHECK(preload_bytes >= 0 && preload_bytes % 128 == 0 && preload_bytes < smem_bytes,
               "amk launch: preload_bytes ", preload_bytes, " must be a multiple of 128 below smem_bytes ", smem_bytes);
   p.preload_bytes = (int32_t)preload_bytes;

@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     if (amk_tid() == 0) {
       if (trace) trace[0] = amk_globaltimer();  // stored at once: nothing of it stays live across the op call
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
-      s_flag = amk_wait_all(P, s_ins, sm);
+      s_flag = amk_wait_all(P, s_ins, qi + 1 < q1 ? p.queue_items + qi + 1 : nullptr, sm);
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
       if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_ins.next_preload >= 0)

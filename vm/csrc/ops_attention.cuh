@@ -93,9 +93,42 @@ struct AmkLdCg {
 struct AmkLdPlain {
   __device__ __forceinline__ float operator()(const float* p) const { return *p; }
 };
+// ATTN_MERGE's global reads: up to AMK_MERGE_UNROLL splits, all 3 * ns loads of an element are issued before the
+// first use (one round trip to L2 instead of two: the max pass, then the weighted sums); more splits (and the
+// shared-memory reads of a GEMV's merged x) take the loop. Both compute the same operations in the same order, so
+// the bits do not depend on the path.
+#ifndef AMK_MERGE_UNROLL
+#define AMK_MERGE_UNROLL 4
+#endif
 template <class Ld>
-__device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, int G, int D, int g, int d, Ld ld) {
+__device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, int G, int D, int g, int d, Ld ld,
+                                                     bool unrolled = false) {
   const int row = D + 2;
+  if (unrolled && AMK_MERGE_UNROLL > 0 && ns <= AMK_MERGE_UNROLL) {
+    float mv[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1], lv[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1],
+        ov[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1];
+#pragma unroll
+    for (int s = 0; s < AMK_MERGE_UNROLL; ++s) {  // splits past ns re-read the last one (valid, unused)
+      const float* r = base + ((s < ns ? s : ns - 1) * G + g) * row;
+      mv[s] = ld(r);
+      lv[s] = ld(r + 1);
+      ov[s] = ld(r + 2 + d);
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < AMK_MERGE_UNROLL; ++s)
+      if (s < ns) m = fmaxf(m, mv[s]);
+    float l = 0.f, o = 0.f;
+#pragma unroll
+    for (int s = 0; s < AMK_MERGE_UNROLL; ++s) {
+      if (s < ns) {
+        const float w = expf(mv[s] - m);
+        l = fmaf(lv[s], w, l);
+        o = fmaf(ov[s], w, o);
+      }
+    }
+    return o / l;
+  }
   float m = -INFINITY;
   for (int s = 0; s < ns; ++s) m = fmaxf(m, ld(base + (s * G + g) * row));
   float l = 0.f, o = 0.f;
@@ -496,6 +529,6 @@ __device__ __noinline__ void amk_op_attn_merge(const AmkCtx& c) {
   const float* base = part + (int64_t)kvh * ns * G * (D + 2);
   for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
     const int g = idx / D;
-    out[(int64_t)kvh * G * D + idx] = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{});
+    out[(int64_t)kvh * G * D + idx] = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true);
   }
 }

@@ -26,30 +26,61 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
   return t;
 }
 
-// Thread 0, when a task is about to spin on an unsatisfied wait: ask L2 for the first `cap` bytes of the task's
-// weight ranges (p.wait_prefetch_bytes, knob wait_prefetch_kb), so the HBM works for this SM while it waits
-// (weights never wait on activations). Tasks whose waits are already satisfied issue nothing: no extra traffic
-// competes with SMs that are streaming.
-__device__ __forceinline__ void amk_wait_prefetch(const AmkInstr& in, int64_t cap) {
-  if (cap <= 0) return;
-  const int nr = in.prefetch_bytes[1] > 0 ? 2 : 1;
+// Thread 0, while a task spins on an unsatisfied wait: weights never wait on activations, so the HBM works for this
+// SM meanwhile. The ranges, in order: the head of the task's own weight ranges (p.wait_prefetch_bytes in all, knob
+// wait_prefetch_kb; none for a preloaded tile, already on its way), then the head of the NEXT queued task's
+// (p.wait_prefetch_next_bytes, knob wait_prefetch_next_kb). Tasks whose waits are already satisfied issue nothing:
+// no extra traffic competes with SMs that are streaming. p.wait_prefetch_pace_bytes > 0 spreads the requests over
+// the polls (that many bytes per poll) instead of one burst: a burst of requests from every waiting SM at a phase
+// boundary queues in front of the L2 hits of the tasks on the critical path (docs/PERF.md, ninth session).
+//
+// The state is one number, the bytes requested so far: every poll walks the (at most 2 * AMK_MAX_PREFETCH) ranges
+// again from the instruction copies (shared memory / L1), so nothing stays live in amk_wait_all's registers.
+// Calls amk_pf_range(base, bytes) for each range in order (16-byte aligned, trimmed inward). GLOBAL: `in` points
+// into p.instrs (read-only for the launch: __ldg), else it is the task's shared-memory copy.
+template <bool GLOBAL, class F>
+__device__ __forceinline__ void amk_pf_ranges(const AmkInstr* in, int64_t cap, F f) {
+  auto ld64 = [&](const void* q) -> uint64_t {
+    return GLOBAL ? (uint64_t)__ldg((const unsigned long long*)q) : *(const uint64_t*)q;
+  };
+  const int flags = GLOBAL ? __ldg(&in->flags) : in->flags;
+  if (cap <= 0 || (flags & AMK_INSTR_FLAG_PRELOAD)) return;  // a preloaded tile is already on its way
+  const int nr = (int64_t)ld64(&in->prefetch_bytes[1]) > 0 ? 2 : 1;
   for (int k = 0; k < nr && k < AMK_MAX_PREFETCH; ++k) {
-    const uint64_t ptr = in.prefetch_ptr[k];
-    int64_t bytes = (int64_t)in.prefetch_bytes[k];
-    if (ptr == 0 || bytes <= 0) continue;
+    const uint64_t ptr = ld64(&in->prefetch_ptr[k]);
+    int64_t bytes = (int64_t)ld64(&in->prefetch_bytes[k]);
     if (bytes > cap / nr) bytes = cap / nr;
-    const uint64_t base = (ptr + 15) & ~15ull;  // 16-byte aligned, inside the range
+    if (ptr == 0 || bytes <= 0) continue;
+    const uint64_t base = (ptr + 15) & ~15ull;
     bytes = (int64_t)(((ptr + (uint64_t)bytes) & ~15ull) - base);
-    constexpr int64_t CH = 16384;
-    for (int64_t off = 0; off < bytes; off += CH) {
-      const unsigned sz = (unsigned)((bytes - off) < CH ? (bytes - off) : CH);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + off), "r"(sz) : "memory");
-#else
-      for (unsigned b = 0; b < sz; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(base + off + b));
-#endif
-    }
+    if (bytes > 0) f(base, bytes);
   }
+}
+// Requests the bytes [done, done + budget) of the concatenated ranges (budget <= 0: all that remain), one bulk
+// prefetch per <= 16 KB piece. Returns the new `done`. Only called while a wait spins (not inlined into the entry
+// path of every task).
+__device__ __noinline__ int64_t amk_wait_pf(const AmkParams& p, const AmkInstr& in, const int32_t* next_item,
+                                            int64_t done, int64_t budget) {
+  const int64_t end = budget > 0 ? done + budget : INT64_MAX;
+  int64_t at = 0;  // start of the current range in the concatenation
+  auto issue = [&](uint64_t base, int64_t bytes) {
+    for (int64_t o = done - at > 0 ? done - at : 0; o < bytes && at + o < end;) {
+      int64_t sz = bytes - o < 16384 ? bytes - o : 16384;
+      if (at + o + sz > end) sz = end - at - o;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + o), "r"((unsigned)sz) : "memory");
+#else
+      for (int64_t b = 0; b < sz; b += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(base + o + b));
+#endif
+      o += sz;
+      done = at + o;
+    }
+    at += bytes;
+  };
+  amk_pf_ranges<false>(&in, p.wait_prefetch_bytes, issue);
+  if (next_item != nullptr && p.wait_prefetch_next_bytes > 0)
+    amk_pf_ranges<true>(p.instrs + __ldg(next_item), p.wait_prefetch_next_bytes, issue);
+  return at > done ? done : INT64_MAX;  // INT64_MAX: nothing left
 }
 
 // Thread 0 only. Returns 1 if the block must stop (abort flag seen, or this wait timed out and was reported).
@@ -66,24 +97,23 @@ __device__ __forceinline__ void amk_wait_prefetch(const AmkInstr& in, int64_t ca
 #ifndef AMK_POLL_NS_MAX
 #define AMK_POLL_NS_MAX 128
 #endif
-__device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, int sm) {
+// next_item: the queue slot holding the next task's instruction index (nullptr: this is the block's last task).
+__device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, const int32_t* next_item, int sm) {
   int aborted = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
   if (!AMK_WAIT_OVERLAP && aborted) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
-  bool prefetched = false;
+  int64_t pf_done = 0;  // bytes of the prefetch ranges requested so far (INT64_MAX: all)
+  const int64_t pace = p.wait_prefetch_pace_bytes;
   for (int w = 0; w < nw; ++w) {
     const int c = in.wait_counter[w], thr = in.wait_threshold[w];
     const int32_t* ctr = p.counters + c;
     const int v = amk_ld_acquire(ctr);
     if (aborted) return 1;
     if (v >= thr) continue;
-    if (!prefetched && !(in.flags & AMK_INSTR_FLAG_PRELOAD)) {  // a preloaded tile is already on its way
-      amk_wait_prefetch(in, p.wait_prefetch_bytes);
-      prefetched = true;
-    }
     const uint64_t t0 = amk_globaltimer();
     unsigned ns = AMK_POLL_NS_MIN;
     for (;;) {
+      if (pf_done != INT64_MAX) pf_done = amk_wait_pf(p, in, next_item, pf_done, pace);  // pace 0: all at once
       if (AMK_POLL_NS_MAX > 0) {
         __nanosleep(ns);
         if (ns < AMK_POLL_NS_MAX) ns <<= 1;
