@@ -18,6 +18,8 @@ costs time (docs/PERF.md, fourth and tenth sessions: every byte added to it meas
 
 Bytes that reach L2 before their task streams them, each a flow of its own that competes for the HBM:
 * ``wait_prefetch_kb`` (launch knob): a task that must wait asks L2 for the head of its weights while it waits;
+  ``wait_prefetch_next_kb``: and for the head of the next queued task's (``wait_prefetch_pace_kb``, the requests
+  spread over the polls, is not modelled: the bytes count as issued when the wait begins);
 * L2_PREFETCH tasks (``mlp_prefetch_kb``, requests out ``mlp_prefetch_delay_ns`` after the task starts): matched to
   the consumer tasks whose weight ranges they cover;
 * ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
@@ -245,6 +247,7 @@ class _Sim:
         self.stage_bpu, self.l2_bpu = calib.stage_gbps * scale * 1e3, calib.l2_gbps * scale * 1e3
         self.merge_bpu = calib.fused_merge_gbps * scale * 1e3
         self.wait_pf = int(cfg.get("wait_prefetch_kb", 64)) * 1024
+        self.wait_pf_next = int(cfg.get("wait_prefetch_next_kb", 0)) * 1024
         self.depth = int(cfg.get("prefetch_depth", 0))
         grid = max(1, sum(1 for q in program.queues if q))
         self.depth_cap = int(target.l2_bytes * 0.5 / grid / self.depth) if self.depth else 0
@@ -299,6 +302,10 @@ class _Sim:
         if open_counters:
             if self.wait_pf and task.op in GEMV_OPS and not self.pf_flows[i]:
                 self._prefetch(i, min(self.bytes[i], self.wait_pf))
+            if self.wait_pf_next and self.heads[sm] < len(q):   # the next queued task's head as well
+                j = self.index[q[self.heads[sm]]]
+                if self.p.tasks[j].op in GEMV_OPS and not self.pf_flows[j]:
+                    self._prefetch(j, min(self.bytes[j], self.wait_pf_next))
             self.blocked[i] = [len(open_counters), t]
             for k in open_counters:
                 self.waiting_on.setdefault(k, []).append(i)

@@ -8,6 +8,8 @@ its predictions against real H100 measurements:
   against a hand-computed tiny case."""
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import json
 import pathlib
@@ -139,6 +141,21 @@ def test_wait_prefetch_moves_a_waiting_tasks_bytes_early():
     seq_off = cm.predict_us(_gemv_program(2, 64, 4096, waits_on_first=True, sms=1), ctx=0)
     seq_on = cm.predict_us(_gemv_program(2, 64, 4096, waits_on_first=True, wait_prefetch_kb=64, sms=1), ctx=0)
     assert seq_on == pytest.approx(seq_off)
+
+
+def test_wait_prefetch_next_moves_the_next_queued_tasks_bytes_early():
+    # SM 1 runs tile 1 (waits for tile 0 on SM 0), then tile 2 (no wait): with wait_prefetch_next_kb the head of
+    # tile 2 lands in L2 while tile 1 waits, so tile 2 streams less from HBM afterwards
+    def prog(next_kb):
+        p = _gemv_program(3, 64, 4096, waits_on_first=True)
+        t2 = dataclasses.replace(p.tasks[2], waits=[], sm=1)
+        return MegakernelProgram(p.meta, p.target, p.buffers, p.counters, [p.tasks[0], p.tasks[1], t2],
+                                 [[0], [1, 2]], {**p.config, "wait_prefetch_next_kb": next_kb})
+    off, on = cm.simulate(prog(0), ctx=0), cm.simulate(prog(256), ctx=0)
+    assert on.ready[1] == pytest.approx(off.ready[1], rel=0.05)   # tile 1 still waits for tile 0
+    assert on.start[2] < off.start[2] and on.end[2] < off.end[2]  # its first batch and the tile finish earlier
+    same = cm.simulate(dataclasses.replace(prog(0), config={**prog(0).config, "wait_prefetch_pace_kb": 16}), ctx=0)
+    assert same.end == off.end                                    # the pace is not modelled
 
 
 @pytest.mark.parametrize("delay_ns", [0, 1500])
