@@ -80,6 +80,10 @@ KNOBS: tuple[Knob, ...] = (
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
              "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
              "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
+    Knob("attn_wait", str, "group", choices=("group", "layer"),
+         doc="what a layer's attention tasks wait for: their own KV group's QKV tasks ('group': each group's "
+             "attention starts as soon as its q, K and V rows are written) or every QKV task of the layer ('layer': "
+             "one counter; attention then reads q after the QKV phase has stopped streaming)"),
     Knob("sm_assignment", str, "auto", choices=("auto", "list", "list_idle", "lpt", "round_robin"),
          doc="task->SM policy: 'list' = dependency-aware earliest finish (ties to the lowest SM index), "
              "'list_idle' = the same with ties to the SM idle longest and each layer's QKV tasks placed before its "

@@ -286,8 +286,9 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     # attention lands on the SMs the QKV phase leaves idle (and loads its KV history there before its wait); 'list'
     # keeps the measured interleaved order
     c_qks = []   # per KV group: the counter its attention waits on
+    c_layer = b.counter(f"qkv{l}") if cfg.attn_wait == "layer" else None   # one counter for every QKV task
     for kvh in range(nkv):
-        c_qkv = b.counter(f"qkv{l}.g{kvh}")
+        c_qkv = c_layer if c_layer is not None else b.counter(f"qkv{l}.g{kvh}")
         jobs = [(QKV_MODE_RAW if raw else QKV_MODE_Q, "q", wq, q_raw if raw else q, h0, hn, c.n_heads)
                 for h0, hn in ((kvh * G + s, n) for s, n in _tiles(G, cfg.qkv_heads))]
         jobs += [(QKV_MODE_RAW, "k", wk, k_raw, kvh, 1, nkv) if raw else (QKV_MODE_K, "k", wk, kc, kvh, 1, nkv),

@@ -228,6 +228,19 @@ def _check_mlp_prefetch_at(p, v):
     assert all(p.counters[t.waits[0].counter].name.startswith(prefix) for t in _prefetch_tasks(p))
 
 
+def _check_attn_wait(p, v):
+    assert v == "layer"
+    for prog, per_layer in ((BASE, C.n_kv_heads), (p, 1)):   # QKV counters per layer: one per group, or one
+        names = {prog.counters[t.out_counter].name for t in prog.tasks if t.op == "QKV_ROPE" and t.label.startswith("L0.")}
+        assert len(names) == per_layer
+    qkv0 = [t for t in p.tasks if t.op == "QKV_ROPE" and t.label.startswith("L0.")]
+    ctr = qkv0[0].out_counter
+    assert all(t.out_counter == ctr for t in qkv0)
+    attn0 = [t for t in p.tasks if t.op.startswith("ATTN_") and t.op != "ATTN_MERGE" and t.label.startswith("L0.")]
+    assert attn0 and all([w.counter for w in t.waits] == [ctr] for t in attn0)   # every task waits for all of them
+    assert _count(p, "QKV_ROPE") == _count(BASE, "QKV_ROPE") and _count(p) == _count(BASE)
+
+
 def _check_mlp_prefetch_delay_ns(p, v):
     tasks = _prefetch_tasks(p)
     assert tasks and all(t.params["delay_ns"] == v for t in tasks)
@@ -259,7 +272,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
               "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
-              "split_argmax": _check_split_argmax}
+              "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait}
 
 
 def test_every_knob_has_an_alternative_value():
