@@ -31,13 +31,13 @@ __device__ __forceinline__ uint64_t amk_globaltimer() {
 // wait_prefetch_kb; none for a preloaded tile, already on its way), then the head of the NEXT queued task's
 // (p.wait_prefetch_next_bytes, knob wait_prefetch_next_kb). Tasks whose waits are already satisfied issue nothing:
 // no extra traffic competes with SMs that are streaming. p.wait_prefetch_pace_bytes > 0 spreads the requests over
-// the polls (that many bytes per poll) instead of one burst: a burst of requests from every waiting SM at a phase
-// boundary queues in front of the L2 hits of the tasks on the critical path (docs/PERF.md, ninth session).
+// the polls (that many bytes per poll) instead of one burst. On llama-3.2-1b (H100 and H200) both the next-task
+// prefetch and the pacing measured slower (docs/PERF.md, seventeenth session): the knobs default to off.
 //
 // The state is one number, the bytes requested so far: every poll walks the (at most 2 * AMK_MAX_PREFETCH) ranges
 // again from the instruction copies (shared memory / L1), so nothing stays live in amk_wait_all's registers.
-// Calls amk_pf_range(base, bytes) for each range in order (16-byte aligned, trimmed inward). GLOBAL: `in` points
-// into p.instrs (read-only for the launch: __ldg), else it is the task's shared-memory copy.
+// amk_pf_ranges calls f(base, bytes) for each range of one instruction in order (16-byte aligned, trimmed inward).
+// GLOBAL: `in` points into p.instrs (read-only for the launch: __ldg), else it is the task's shared-memory copy.
 template <bool GLOBAL, class F>
 __device__ __forceinline__ void amk_pf_ranges(const AmkInstr* in, int64_t cap, F f) {
   auto ld64 = [&](const void* q) -> uint64_t {
