@@ -93,41 +93,48 @@ struct AmkLdCg {
 struct AmkLdPlain {
   __device__ __forceinline__ float operator()(const float* p) const { return *p; }
 };
-// ATTN_MERGE's global reads: up to AMK_MERGE_UNROLL splits, all 3 * ns loads of an element are issued before the
-// first use (one round trip to L2 instead of two: the max pass, then the weighted sums); more splits (and the
-// shared-memory reads of a GEMV's merged x) take the loop. Both compute the same operations in the same order, so
-// the bits do not depend on the path.
+// ATTN_MERGE's global reads: for up to AMK_MERGE_UNROLL splits (4, 8 or 16; 0 = never) all 3 * ns loads of an
+// element are issued before the first use (one round trip to L2 instead of two: the max pass, then the weighted
+// sums), U = the smallest of 4 / 8 / 16 that covers ns; splits past ns re-read the last one (a guarded load made
+// ptxas spill). More splits (and the shared-memory reads of a GEMV's merged x) take the loop. Both compute the same
+// operations in the same order, so the bits do not depend on the path.
 #ifndef AMK_MERGE_UNROLL
-#define AMK_MERGE_UNROLL 4
+#define AMK_MERGE_UNROLL 16
 #endif
+template <int U, class Ld>
+__device__ __forceinline__ float amk_attn_merge_unrolled(const float* base, int ns, int G, int g, int d, int row,
+                                                         Ld ld) {
+  float mv[U], lv[U], ov[U];
+#pragma unroll
+  for (int s = 0; s < U; ++s) {
+    const float* r = base + ((s < ns ? s : ns - 1) * G + g) * row;
+    mv[s] = ld(r);
+    lv[s] = ld(r + 1);
+    ov[s] = ld(r + 2 + d);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < U; ++s)
+    if (s < ns) m = fmaxf(m, mv[s]);
+  float l = 0.f, o = 0.f;
+#pragma unroll
+  for (int s = 0; s < U; ++s) {
+    if (s < ns) {
+      const float w = expf(mv[s] - m);
+      l = fmaf(lv[s], w, l);
+      o = fmaf(ov[s], w, o);
+    }
+  }
+  return o / l;
+}
 template <class Ld>
 __device__ __forceinline__ float amk_attn_merge_elem(const float* base, int ns, int G, int D, int g, int d, Ld ld,
                                                      bool unrolled = false) {
   const int row = D + 2;
-  if (unrolled && AMK_MERGE_UNROLL > 0 && ns <= AMK_MERGE_UNROLL) {
-    float mv[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1], lv[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1],
-        ov[AMK_MERGE_UNROLL > 0 ? AMK_MERGE_UNROLL : 1];
-#pragma unroll
-    for (int s = 0; s < AMK_MERGE_UNROLL; ++s) {  // splits past ns re-read the last one (valid, unused)
-      const float* r = base + ((s < ns ? s : ns - 1) * G + g) * row;
-      mv[s] = ld(r);
-      lv[s] = ld(r + 1);
-      ov[s] = ld(r + 2 + d);
-    }
-    float m = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < AMK_MERGE_UNROLL; ++s)
-      if (s < ns) m = fmaxf(m, mv[s]);
-    float l = 0.f, o = 0.f;
-#pragma unroll
-    for (int s = 0; s < AMK_MERGE_UNROLL; ++s) {
-      if (s < ns) {
-        const float w = expf(mv[s] - m);
-        l = fmaf(lv[s], w, l);
-        o = fmaf(ov[s], w, o);
-      }
-    }
-    return o / l;
+  if (unrolled && ns >= 1) {
+    if (AMK_MERGE_UNROLL >= 4 && ns <= 4) return amk_attn_merge_unrolled<4>(base, ns, G, g, d, row, ld);
+    if (AMK_MERGE_UNROLL >= 8 && ns <= 8) return amk_attn_merge_unrolled<8>(base, ns, G, g, d, row, ld);
+    if (AMK_MERGE_UNROLL >= 16 && ns <= 16) return amk_attn_merge_unrolled<16>(base, ns, G, g, d, row, ld);
   }
   float m = -INFINITY;
   for (int s = 0; s < ns; ++s) m = fmaxf(m, ld(base + (s * G + g) * row));
