@@ -26,6 +26,7 @@
 #include <vector>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include "../vm/csrc/sync.cuh"  // the megakernel's own acquire load and release add (amk_ld_acquire, amk_signal)
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
@@ -62,11 +63,6 @@ __device__ __forceinline__ uint64_t ld_relaxed64(const uint64_t* p) {
 }
 __device__ __forceinline__ void st_relaxed64(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 r;
@@ -134,7 +130,7 @@ __global__ void __launch_bounds__(T, 1) hop_kernel(Params p) {
   if (lane == 0) publish(0, 1.0f + 1e-3f * row);
   if (!FLAG) {
     __syncthreads();
-    if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(p.ctr), "r"(1) : "memory");
+    if (tid == 0) amk_signal(p.ctr);
   }
   float acc_all = 0.f;
   for (int h = 1; h <= p.H; ++h) {
@@ -179,7 +175,7 @@ __global__ void __launch_bounds__(T, 1) hop_kernel(Params p) {
         const int* c = p.ctr + (h - 1);
         const int thr = p.nb;  // counters are zeroed before each launch
         unsigned ns = 16;
-        while (ld_acquire(c) < thr) {
+        while (amk_ld_acquire(c) < thr) {
           __nanosleep(ns);
           if (ns < 128) ns <<= 1;
         }
@@ -222,7 +218,7 @@ __global__ void __launch_bounds__(T, 1) hop_kernel(Params p) {
     acc_all += y;
     if (lane == 0) publish(h, y);
     __syncthreads();  // xs / red are rewritten by the next hop; counter: orders the rows before the release
-    if (!FLAG && tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(p.ctr + h), "r"(1) : "memory");
+    if (!FLAG && tid == 0) amk_signal(p.ctr + h);
   }
   if (tid == 0) p.sink[b] = acc_all;
   if (b == 0 && tid == 0) *(volatile int*)p.done = 1;
