@@ -80,6 +80,14 @@ KNOBS: tuple[Knob, ...] = (
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
              "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
              "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
+    Knob("o_proj_by_group", bool, False, choices=(False, True),
+         doc="o_proj split by KV group (split-K): each o_proj task merges only its KV group's split-KV partials "
+             "and adds W_o[rows, group's columns] . merged into the layer's residual stream x in place (atomic fp32 "
+             "adds), so it starts when its group's attention is done and no ATTN_MERGE hop remains; the weight is "
+             "stored as one contiguous column block per group; implies attn_wait 'layer' (every QKV task has read x "
+             "before any o_proj task adds to it). Sums in whatever order the tasks finish: not bit-reproducible. Off by "
+             "default: slower on an H100 (llama-3.2-1b +1.6%, qwen3-0.6b +1.0%, ctx 8192 +0.5%; the layer-wide "
+             "attention wait costs more than the merge hop it removes, docs/PERF.md, eighteenth session)"),
     Knob("attn_wait", str, "group", choices=("group", "layer"),
          doc="what a layer's attention tasks wait for: their own KV group's QKV tasks ('group': each group's "
              "attention starts as soon as its q, K and V rows are written) or every QKV task of the layer ('layer': "

@@ -71,6 +71,9 @@ class Buffer:
     source: str | None = None        # state-dict key for WEIGHT buffers
     space: MemSpace = MemSpace.RESIDENT
     data: list[float] | None = None  # inline values for CONST buffers
+    # WEIGHT only: the buffer holds columns [cols[0], cols[0] + cols[1]) of its 2-D source, stored contiguously
+    # (o_proj split by KV group: each group's column block is one contiguous [n, cols] matrix)
+    cols: tuple[int, int] | None = None
 
     @property
     def numel(self) -> int:
@@ -88,13 +91,21 @@ class Buffer:
              "shape": list(self.shape), "source": self.source, "space": self.space.value}
         if self.data is not None:
             d["data"] = list(self.data)
+        if self.cols is not None:
+            d["cols"] = list(self.cols)
         return d
 
     @staticmethod
     def from_dict(d: dict) -> "Buffer":
         return Buffer(int(d["id"]), str(d["name"]), BufferKind(d["kind"]), DType(d["dtype"]),
                       tuple(int(s) for s in d["shape"]), d.get("source"), MemSpace(d.get("space", "resident")),
-                      None if d.get("data") is None else [float(x) for x in d["data"]])
+                      None if d.get("data") is None else [float(x) for x in d["data"]],
+                      None if d.get("cols") is None else (int(d["cols"][0]), int(d["cols"][1])))
+
+    @property
+    def storage_key(self) -> tuple:
+        """What identifies a WEIGHT buffer's bytes: its source and column slice (tied weights share a key)."""
+        return (self.source or self.name, self.cols)
 
 
 def find_weight(b: Buffer, weights: dict, error: type[Exception] = IRError):
@@ -102,6 +113,12 @@ def find_weight(b: Buffer, weights: dict, error: type[Exception] = IRError):
     if b.source not in weights:
         raise error(f"buffer {b.id} '{b.name}': weight '{b.source}' is missing")
     w = weights[b.source]
+    if b.cols is not None:
+        c0, cn = b.cols
+        if len(w.shape) != 2 or not (0 <= c0 and cn >= 1 and c0 + cn <= w.shape[1]):
+            raise error(f"buffer {b.id} '{b.name}': columns [{c0}, {c0 + cn}) of weight '{b.source}' "
+                        f"(shape {tuple(w.shape)}) do not exist")
+        w = w[:, c0:c0 + cn]
     if tuple(w.shape) != tuple(b.shape):
         raise error(f"buffer {b.id} '{b.name}': weight '{b.source}' has shape {tuple(w.shape)}, "
                     f"program expects {tuple(b.shape)}")
@@ -363,8 +380,8 @@ class MegakernelProgram:
         """Bytes of distinct weight storage (tied embeddings counted once)."""
         seen, total = set(), 0
         for b in self.buffers:
-            if b.kind == BufferKind.WEIGHT and (b.source or b.name) not in seen:
-                seen.add(b.source or b.name)
+            if b.kind == BufferKind.WEIGHT and b.storage_key not in seen:
+                seen.add(b.storage_key)
                 total += b.nbytes
         return total
 

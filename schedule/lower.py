@@ -9,7 +9,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                     whose QKV tiles split heads (qkv_head_split > 1) write RAW rows; this task finishes them]
                    ATTN_DECODE per kv head      (or ATTN_PARTIAL x splits [-> ATTN_MERGE]) waits qkv (or qk)[l][head]
                    GEMV o_proj tiles + residual -> xmid_l                 (or GEMV + ADD when fuse_residual=False);
-                                                   with fuse_attn_merge each o_proj task merges the partials itself
+                                                   with fuse_attn_merge each o_proj task merges the partials itself;
+                                                   with o_proj_by_group: x_l += W_o[:, group g] . merge(g's partials),
+                                                   tiles per KV group adding atomically into x_l (= xmid_l)
                    [L2_PREFETCH per gate/up tile: the tile's first mlp_prefetch_kb KB into L2, released by
                     the layer input, the last QKV group or attention (mlp_prefetch_at): HBM is mostly idle
                     during the attention hops]
@@ -52,7 +54,7 @@ class _Builder:
         self.buffers: list[Buffer] = []
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
-        self.by_source: dict[str, int] = {}
+        self.by_source: dict = {}   # state-dict key (or (key, cols)) -> buffer id
 
     def merged_x_fits(self, merge: dict, k: int, rows: int) -> bool:
         """Whether an o_proj GEMV with these merge params (x_splits, x_group, x_head_dim) fits shared memory with x
@@ -64,10 +66,15 @@ class _Builder:
         self.buffers.append(b)
         return b.id
 
-    def weight(self, key: str, shape) -> int:
-        if key not in self.by_source:  # tied weights: one buffer per state-dict key
-            self.by_source[key] = self.buf(key, BufferKind.WEIGHT, self.dtype, shape, key, MemSpace.STREAM)
-        return self.by_source[key]
+    def weight(self, key: str, shape, cols: tuple[int, int] | None = None) -> int:
+        """The WEIGHT buffer of state-dict key (tied weights: one buffer per key); cols: only that column block
+        of the 2-D source, stored contiguously."""
+        k = key if cols is None else (key, cols)
+        if k not in self.by_source:
+            name = key if cols is None else f"{key}[:, {cols[0]}:{cols[0] + cols[1]}]"
+            self.by_source[k] = self.buf(name, BufferKind.WEIGHT, self.dtype, shape, key, MemSpace.STREAM)
+            self.buffers[-1].cols = cols
+        return self.by_source[k]
 
     def act(self, name, n) -> int:
         return self.buf(name, BufferKind.ACTIVATION, DType.F32, (n,))
@@ -246,13 +253,14 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     bias = {m: b.weight(p + f"self_attn.{m}_proj.bias", ((c.n_heads if m == "q" else nkv) * hd,))
             for m in "qkv"} if c.attn_bias else {}
     qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
-    c_attn = b.counter(f"attn{l}")
-    partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 else None
+    by_group = cfg.o_proj_by_group
+    c_attn = None if by_group else b.counter(f"attn{l}")   # o_proj split by KV group, adding into x in place (_o_proj_by_group)
+    partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 or by_group else None
     # o_proj merges the partials itself (no ATTN_MERGE hop) where they fit its shared memory next to x and the
     # residual rows (the loader checks the launch's total)
     merge = {"x_splits": splits, "x_group": G, "x_head_dim": hd}
     if not (splits > 1 and cfg.fuse_attn_merge
-            and b.merged_x_fits(merge, c.n_heads * hd, rows_for(cfg.gemv_rows, H, b.sms, b.warps))):
+            and b.merged_x_fits(merge, c.n_heads * hd, rows_for(cfg.gemv_rows, H, b.sms, b.warps))) and not by_group:
         merge = None
     attn = None if merge else b.act(f"attn{l}", c.n_heads * hd)
     scale = hd ** -0.5
@@ -267,15 +275,18 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         """One KV group's attention tasks; the counter its ATTN_MERGE waits on (None: no merge task)."""
         ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
         ains = [q, kc, vc, io["pos"]]
-        if splits == 1:
+        if splits == 1 and not by_group:
             b.task("ATTN_DECODE", ains, [attn], ap, [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
             return None
-        # fused merge: every partial signals the layer's attention counter; o_proj waits for all of them
-        c_part = c_attn if merge else b.counter(f"attn_part{l}.g{kvh}")
+        # fused merge: every partial signals the layer's attention counter; o_proj waits for all of them (by
+        # group: its own group's)
+        c_part = b.counter(f"attn_part{l}.g{kvh}") if by_group or not merge else c_attn
+        if by_group:
+            c_groups.append(c_part)
         for sp in range(splits):
             b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
                    [c_qk], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
-        return None if merge else c_part
+        return None if merge or by_group else c_part
 
     def _merge(kvh: int, c_part: int | None) -> None:
         if c_part is not None:
@@ -286,7 +297,10 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     # attention lands on the SMs the QKV phase leaves idle (and loads its KV history there before its wait); 'list'
     # keeps the measured interleaved order
     c_qks = []   # per KV group: the counter its attention waits on
-    c_layer = b.counter(f"qkv{l}") if cfg.attn_wait == "layer" else None   # one counter for every QKV task
+    c_groups: list[int] = []   # by group: per KV group, the counter its partials signal
+    # one counter for every QKV task (by group: every QKV read of x precedes every o_proj add into it)
+    c_layer = b.counter(f"qkv{l}") if cfg.attn_wait == "layer" or by_group else None
+    qkv_first = qkv_first or c_layer is not None   # attention then waits for every group's QKV tasks
     for kvh in range(nkv):
         c_qkv = c_layer if c_layer is not None else b.counter(f"qkv{l}.g{kvh}")
         jobs = [(QKV_MODE_RAW if raw else QKV_MODE_Q, "q", wq, q_raw if raw else q, h0, hn, c.n_heads)
@@ -323,17 +337,22 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     mlp_rows = rows_for(cfg.mlp_rows, c.intermediate, b.sms, b.warps)
     # the gate/up tiles' heads into L2 while the latency-bound attention hops run -- on the SMs attention leaves idle
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
-        trigger = {"layer": cin, "qkv": c_qks[-1], "attn": c_attn}[cfg.mlp_prefetch_at]   # the last group's q and K
+        trigger = {"layer": cin, "qkv": c_qks[-1],   # the last group's q and K
+                   "attn": c_groups[-1] if by_group else c_attn}[cfg.mlp_prefetch_at]
         per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             n = min(rn * H, per_matrix)
             b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
                                                  "count_b": n, "delay_ns": cfg.mlp_prefetch_delay_ns},
                    [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
-    xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
-    wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
-    _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,
-                   f"L{l}.o_proj", merge=merge)
+    if by_group:   # x += W_o . attn, one column block per KV group: x is this layer's xmid from here on
+        xmid, c_mid = x, b.counter(f"xmid{l}")
+        _o_proj_by_group(b, c, p + "self_attn.o_proj.weight", partial, x, splits, c_groups, c_mid, l)
+    else:
+        xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
+        wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
+        _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,
+                       f"L{l}.o_proj", merge=merge)
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
     for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
@@ -344,6 +363,25 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     wd = b.weight(p + "mlp.down_proj.weight", (H, c.intermediate))
     _residual_gemv(b, cfg, h, wd, xmid, xnext, H, c.intermediate, c_h, c_next, f"L{l}.down")
     return xnext, c_next
+
+
+def _o_proj_by_group(b: _Builder, c, key: str, partial: int, x: int, splits: int, c_groups: list[int], c_mid: int,
+                     l: int) -> None:
+    """o_proj split-K by KV group (knob o_proj_by_group): for group g, x[rows] += W_o[rows, g's G*hd columns] .
+    merge(g's split-KV partials), atomically, waiting only on g's partials. Row tiles: as many tasks over all
+    groups as fit one wave of SMs (warp multiples). W_o's column block of each group is its own contiguous
+    [hidden, G*hd] weight buffer (Buffer.cols), so a tile's weights are one contiguous range (prefetchable)."""
+    H, G, hd, nkv = c.hidden, c.group, c.head_dim, c.n_kv_heads
+    kg = G * hd
+    rows = auto_rows(H * nkv, b.sms, b.warps)
+    for g in range(nkv):
+        wg = b.weight(key, (H, kg), cols=(g * kg, kg))
+        for r0, rn in _row_tiles(b, H, rows):
+            b.task("GEMV", [partial, wg], [x],
+                   {"row_start": r0, "row_count": rn, "k": kg, "n": H, "has_norm": 0, "has_bias": 0,
+                    "has_residual": 0, "x_splits": splits, "x_group": G, "x_head_dim": hd,
+                    "x_start": g * splits * G * (hd + 2), "accumulate": 1},
+                   [c_groups[g]], c_mid, f"L{l}.o_proj[g{g}][{r0}:{r0 + rn}]")
 
 
 def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto") -> list[list[int]]:

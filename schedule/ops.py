@@ -22,6 +22,7 @@ class Access:
     hi: int
     write: bool
     slot: str
+    acc: bool = False   # an accumulating write (y += ..., atomic): unordered with other accumulations is fine
 
 
 def slot_map(task) -> dict[str, int]:
@@ -46,8 +47,8 @@ def accesses(task, numel) -> list[Access]:
         b = s[slot]
         out.append(Access(b, 0, numel(b), write, slot))
 
-    def rng(slot, lo, hi, write=False):
-        out.append(Access(s[slot], lo, hi, write, slot))
+    def rng(slot, lo, hi, write=False, acc=False):
+        out.append(Access(s[slot], lo, hi, write, slot, acc))
 
     if op == "EMBED":
         c0, cn = _p(task, "col_start"), _p(task, "col_count")
@@ -56,7 +57,8 @@ def accesses(task, numel) -> list[Access]:
         whole("x"); whole("w"); whole("y", True)
     elif op in ("GEMV", "GEMV_SILU_MUL"):
         r0, rn, K = _p(task, "row_start"), _p(task, "row_count"), _p(task, "k")
-        whole("x")
+        x0 = int(task.params.get("x_start", 0))
+        rng("x", x0, x0 + gemv_x_elems(task.params))
         for w in ("w", "w_gate", "w_up"):
             if w in s:
                 rng(w, r0 * K, (r0 + rn) * K)
@@ -66,7 +68,7 @@ def accesses(task, numel) -> list[Access]:
             rng("bias", r0, r0 + rn)
         if "residual" in s:
             rng("residual", r0, r0 + rn)
-        rng("y" if op == "GEMV" else "h", r0, r0 + rn, True)
+        rng("y" if op == "GEMV" else "h", r0, r0 + rn, True, bool(task.params.get("accumulate", 0)))
     elif op == "QKV_ROPE":
         K = _p(task, "k")
         whole("x"); whole("pos"); whole("inv_freq")
@@ -124,6 +126,16 @@ def accesses(task, numel) -> list[Access]:
     return out
 
 
+def gemv_x_elems(p: dict) -> int:
+    """Elements of x a GEMV-family task reads from x_start on: k, or with x_splits > 0 the split-KV attention
+    partials it merges into its k inputs (k / (x_group*x_head_dim) KV groups of [x_splits, x_group, x_head_dim+2])."""
+    K, ns = int(p["k"]), int(p.get("x_splits", 0))
+    if ns <= 0:
+        return K
+    G, hd = int(p.get("x_group", 0)), int(p.get("x_head_dim", 0))
+    return K // max(1, G * hd) * ns * G * (hd + 2)
+
+
 def qkv_rows(task) -> list[tuple[int, int]]:
     """Output row ranges of a QKV_ROPE task: whole heads [h0*hd, (h0+hn)*hd), or with pair_count > 0 the RoPE
     pairs [ps, ps+pc) of head h0: rows h0*hd + [ps, ps+pc) and h0*hd + hd/2 + [ps, ps+pc)."""
@@ -173,4 +185,4 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     return byts, flops
 
 
-__all__ = ["Access", "accesses", "qkv_rows", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]
+__all__ = ["Access", "accesses", "gemv_x_elems", "qkv_rows", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]

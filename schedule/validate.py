@@ -218,6 +218,12 @@ class _Validator(TaskChecks):
                                    f" values, shape {tuple(shape)} needs {self.numel[i]}")
             if kind == BufferKind.WEIGHT and (not isinstance(b.source, str) or not b.source):
                 self.err("buffer", f"{self.B(i)}: WEIGHT buffer has no source (state-dict key)")
+            cols = getattr(b, "cols", None)
+            if cols is not None and not (kind == BufferKind.WEIGHT and len(shape) == 2 and isinstance(cols, tuple)
+                                         and len(cols) == 2 and all(_is_int(c) for c in cols) and cols[0] >= 0
+                                         and cols[1] == shape[1]):
+                self.err("buffer", f"{self.B(i)}: cols {cols!r} must be (first column >= 0, count == shape[1]) "
+                                   f"of a 2-D WEIGHT buffer")
 
     def _check_counters(self) -> None:
         for i, c in enumerate(self.p.counters):
@@ -373,15 +379,18 @@ class _Validator(TaskChecks):
         for i in range(n):
             for a in self.acc[i]:
                 if self.kinds[a.buffer] in RACE_KINDS:
-                    by_buf.setdefault(a.buffer, []).append((i, a.lo, a.hi, a.write))
-        per_task: list[list] = [[] for _ in range(n)]   # (buffer, lo, hi, write, conflict mask, writer mask)
+                    by_buf.setdefault(a.buffer, []).append((i, a.lo, a.hi, a.write, a.write and a.acc))
+        # (buffer, lo, hi, write, accumulate, conflict mask, writer mask). An accumulation (y += v, atomic) reads and
+        # writes; it conflicts with plain writes and reads, not with other accumulations (their order only moves
+        # the rounding)
+        per_task: list[list] = [[] for _ in range(n)]
         self.wranges: dict[int, dict[int, list]] = {}    # buffer -> rank -> written ranges
         for b, accs in by_buf.items():
-            groups: dict[tuple[int, int], list[int]] = {}    # (lo, hi) -> [writer mask, reader mask]
+            groups: dict[tuple[int, int], list[int]] = {}    # (lo, hi) -> [writer, reader, accumulator mask]
             wr_b = self.wranges.setdefault(b, {})
-            for i, lo, hi, wr in accs:
-                groups.setdefault((lo, hi), [0, 0])[0 if wr else 1] |= 1 << rank[i]
-                if wr:
+            for i, lo, hi, wr, ac in accs:
+                groups.setdefault((lo, hi), [0, 0, 0])[2 if ac else 0 if wr else 1] |= 1 << rank[i]
+                if wr and not ac:
                     wr_b.setdefault(rank[i], []).append((lo, hi))
             keys = sorted(groups)
             ov = {k: list(groups[k]) for k in keys}        # OR over overlapping ranges, the range itself included
@@ -389,13 +398,13 @@ class _Validator(TaskChecks):
                 y = x + 1
                 while y < len(keys) and keys[y][0] < kx[1]:
                     ky = keys[y]
-                    for z in (0, 1):
+                    for z in (0, 1, 2):
                         ov[kx][z] |= groups[ky][z]
                         ov[ky][z] |= groups[kx][z]
                     y += 1
-            for i, lo, hi, wr in accs:
-                w, r = ov[(lo, hi)]
-                per_task[i].append((b, lo, hi, wr, w | r if wr else w, w))
+            for i, lo, hi, wr, ac in accs:
+                w, r, a = ov[(lo, hi)]
+                per_task[i].append((b, lo, hi, wr, ac, (w | r) if ac else (w | r | a) if wr else (w | a), w))
                 if wr and self.kinds[b] == BufferKind.KV_CACHE and w & ~(1 << rank[i]):
                     o = task_order[((w & ~(1 << rank[i])) & -(w & ~(1 << rank[i]))).bit_length() - 1]
                     if o > i:   # report each pair once
@@ -425,9 +434,9 @@ class _Validator(TaskChecks):
                 continue
             r = rank[v]
             unordered = ((1 << r) - 1) & ~m        # earlier in the order and not an ancestor
-            for b, lo, hi, wr, conf, wmask in per_task[v]:
+            for b, lo, hi, wr, ac, conf, wmask in per_task[v]:
                 checked += 1
-                if not wr:
+                if not wr or ac:   # an accumulation reads what it adds to
                     aw = wmask & m
                     if aw:
                         self.read_after_write.add((v, b))
@@ -444,12 +453,20 @@ class _Validator(TaskChecks):
                     u = task_order[(bad & -bad).bit_length() - 1]
                     if (u, v, b) not in reported:
                         reported.add((u, v, b))
-                        self._report_race(b, v, u, lo, hi, wr, rank)
+                        self._report_race(b, v, u, lo, hi, wr, rank, ac)
         self.stats["race_accesses_checked"] = checked
 
-    def _report_race(self, b: int, v: int, u: int, lo: int, hi: int, v_writes: bool, rank: dict) -> None:
+    def _report_race(self, b: int, v: int, u: int, lo: int, hi: int, v_writes: bool, rank: dict,
+                     v_acc: bool = False) -> None:
         where = f"{self.B(b)} around [{lo}, {hi})"
         u_writes = any(x[0] < hi and lo < x[1] for x in self.wranges[b].get(rank[u], ()))
+        u_acc = any(a.write and a.acc and a.buffer == b and a.lo < hi and lo < a.hi for a in self.acc[u])
+        if v_acc or u_acc:
+            acc_t, other = (v, u) if v_acc else (u, v)
+            self.err("race", f"race: {self.T(acc_t)} accumulates into {where} with no happens-before order "
+                             f"against {self.T(other)}, which {'accumulates into' if v_acc and u_acc else 'reads or writes'}"
+                             f" it (accumulations may only be unordered among themselves)")
+            return
         if v_writes and u_writes:
             self.err("race", f"race: unordered writers {self.T(u)} and {self.T(v)} both write {where}")
             return

@@ -14,7 +14,8 @@ INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
 MAX_PREFETCH_DELAY_NS = 100_000   # an L2_PREFETCH task's delay_ns (its SM sleeps without polling the abort flag)
 # iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
-DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "early_kv", "delay_ns"}
+DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "x_start", "accumulate",
+                      "early_kv", "delay_ns"}
                      | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
@@ -153,6 +154,15 @@ class TaskChecks:
             self.acc[i] = acc
         return ok
 
+    def _partial_splits(self) -> dict[int, set[int]]:
+        """{partial buffer id: the n_splits values of the ATTN_PARTIAL tasks writing it} (computed once)."""
+        if getattr(self, "_psplits", None) is None:
+            self._psplits: dict[int, set[int]] = {}
+            for t in self.p.tasks:
+                if isinstance(t, Task) and t.op == "ATTN_PARTIAL" and len(t.outputs) == 1 and isinstance(t.params, dict):
+                    self._psplits.setdefault(t.outputs[0], set()).add(t.params.get("n_splits"))
+        return self._psplits
+
     def _check_shapes(self, i: int, t: Task, slots: list[str]) -> bool:
         """What each op assumes about its buffers beyond bounds (the reference VM reshapes by these)."""
         P, s = t.params, dict(zip(slots + list(OPCODES[t.op].outputs), t.inputs + t.outputs))
@@ -173,19 +183,30 @@ class TaskChecks:
         elif op in ("GEMV", "GEMV_SILU_MUL"):
             r0, rn, K, N = P["row_start"], P["row_count"], P["k"], P["n"]
             need(r0 >= 0 and rn >= 1 and r0 + rn <= N, f"rows [{r0}, {r0 + rn}) outside [0, n={N})")
-            xsp, xg, xd = (int(P.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim"))
+            xsp, xg, xd, x0 = (int(P.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim", "x_start"))
             if xsp > 0:   # x = split-KV attention partials [k / (G*hd), x_splits, G, hd + 2], merged while staged
                 need(xg >= 1 and xd >= 1 and K % (xg * xd) == 0,
                      f"x_group {xg} x x_head_dim {xd} must be >= 1 and divide k={K}")
                 if xg >= 1 and xd >= 1:
-                    want = K // (xg * xd) * xsp * xg * (xd + 2)
-                    need(numel("x") == want, f"merged x: partial buffer of {numel('x')} elements, want "
-                                             f"{want} = k / (x_group*x_head_dim) * x_splits * x_group * (x_head_dim+2)")
+                    want, blk = K // (xg * xd) * xsp * xg * (xd + 2), xsp * xg * (xd + 2)
+                    need(x0 >= 0 and x0 % blk == 0 and numel("x") % blk == 0 and x0 + want <= numel("x"),
+                         f"merged x: elements [{x0}, {x0 + want}) (x_start, then k / (x_group*x_head_dim) KV groups"
+                         f" of x_splits * x_group * (x_head_dim+2) = {blk}) must be whole groups of the partial "
+                         f"buffer of {numel('x')} elements")
+                ns_w = self._partial_splits().get(s["x"], {xsp})
+                need(ns_w == {xsp}, f"merged x: partial buffer of {numel('x')} elements written by ATTN_PARTIAL "
+                                    f"tasks with n_splits {sorted(ns_w)}, not x_splits {xsp}")
                 need("norm_w" not in s, "x_splits with has_norm: a merged input cannot be RMS-normalised")
             else:
                 need(xsp == 0 and xg == 0 and xd == 0,
                      f"x_splits {xsp} must be >= 0 (x_group / x_head_dim only with it)")
-                need(K == numel("x"), f"k={K} != x size {numel('x')}")
+                need(x0 == 0 and K == numel("x"), f"k={K} != x size {numel('x')} (x_start {x0} only with x_splits)")
+            if op == "GEMV":
+                acc = P.get("accumulate", 0)
+                need(acc in (0, 1), f"accumulate {acc} must be 0 or 1")
+                need(not acc or (self.kinds[s["y"]] == BufferKind.ACTIVATION
+                                 and self.p.buffers[s["y"]].dtype == DType.F32),
+                     "accumulate adds atomically into fp32: y must be an f32 ACTIVATION buffer")
             for w in ("w", "w_gate", "w_up"):
                 if w in s:
                     need(shape(w) == (N, K), f"'{w}' shape {shape(w)} != (n, k) = ({N}, {K})")

@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -82,10 +82,12 @@ _OPS = [
     # y[r] = residual[r] + bias[r] + W[r,:] . f(x),  f = rmsnorm(.)*norm_w if has_norm else identity.
     # x_splits > 0: x is not a vector but the split-KV attention partials [k / (x_group*x_head_dim), x_splits,
     # x_group, x_head_dim + 2] (rows (m, l, o)), merged by online softmax while staged (ATTN_MERGE's math, fused
-    # into o_proj so attention needs no merge task)
+    # into o_proj so attention needs no merge task). x_start: x starts at that element of its buffer (with x_splits
+    # a whole KV-group block: o_proj split by KV group reads only its group's partials). accumulate: y[r] += the
+    # row's value (an atomic fp32 add; tasks accumulating into the same rows need no order among themselves)
     OpSpec("GEMV", 3, "gemv", ("x", "w"), ("y",),
            ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual", "x_splits", "x_group",
-            "x_head_dim"), ("eps",),
+            "x_head_dim", "x_start", "accumulate"), ("eps",),
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual"))),
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),

@@ -365,7 +365,7 @@ class MegakernelVM:
         for b in self.program.buffers:
             tdt = TORCH_DTYPES[device_dtype(b)]
             if b.kind == BufferKind.WEIGHT:
-                key = (b.source or b.name, tdt)
+                key = (b.storage_key, tdt)
                 if key not in shared:
                     w = find_weight(b, weights, MegakernelError)
                     shared[key] = w.detach().to(device=dev, dtype=tdt).contiguous()

@@ -22,7 +22,7 @@ import random
 import torch
 
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, validate
-from schedule.ops import slot_map
+from schedule.ops import gemv_x_elems, slot_map
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16,
@@ -49,7 +49,8 @@ def _merge_partials(parts: torch.Tensor) -> torch.Tensor:
 
 
 def _gemv_input(vm, task, s) -> torch.Tensor:
-    x = vm.buf(s["x"])
+    x0 = int(task.params.get("x_start", 0))
+    x = vm.buf(s["x"])[x0:x0 + gemv_x_elems(task.params)]
     ns = int(task.params.get("x_splits", 0))
     if ns:   # x holds split-KV attention partials [n_kv, ns, G, hd+2]: merged here (ATTN_MERGE fused into o_proj)
         G, hd = int(task.params["x_group"]), int(task.params["x_head_dim"])
@@ -84,7 +85,10 @@ def op_gemv(vm, t):
         y = y + vm.buf(s["bias"])[r0:r0 + rn].float()
     if t.params.get("has_residual"):
         y = y + vm.buf(s["residual"])[r0:r0 + rn]
-    vm.buf(s["y"])[r0:r0 + rn] = y
+    if t.params.get("accumulate"):   # y += (the GPU adds atomically, in whatever order the tasks finish)
+        vm.buf(s["y"])[r0:r0 + rn] += y
+    else:
+        vm.buf(s["y"])[r0:r0 + rn] = y
 
 
 def op_gemv_silu_mul(vm, t):
@@ -309,7 +313,16 @@ class ReferenceVM:
 
     def weight_tensors(self) -> dict[str, torch.Tensor]:
         """{state-dict key: the tensor this VM computes with} (fp32 when upcast)."""
-        return {b.source: self.mem[b.id] for b in self.program.buffers if b.kind == BufferKind.WEIGHT}
+        out = {b.source: self.mem[b.id] for b in self.program.buffers if b.kind == BufferKind.WEIGHT and b.cols is None}
+        blocks: dict[str, list] = {}   # column-sliced buffers (o_proj split by KV group): put back together
+        for b in self.program.buffers:
+            if b.kind == BufferKind.WEIGHT and b.cols is not None and b.source not in out:
+                blocks.setdefault(b.source, {})[b.cols] = self.mem[b.id]
+        for src, parts in blocks.items():
+            keys = sorted(parts)
+            if keys[0][0] == 0 and all(a[0] + a[1] == b[0] for a, b in zip(keys, keys[1:])):
+                out[src] = torch.cat([parts[k] for k in keys], dim=1)
+        return out
 
     def buf(self, bid: int) -> torch.Tensor:
         return self.mem[bid]

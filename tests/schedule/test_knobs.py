@@ -230,6 +230,12 @@ def _check_mlp_prefetch_at(p, v):
 
 def _check_attn_wait(p, v):
     assert v == "layer"
+    _one_qkv_counter(p)
+    assert _count(p, "QKV_ROPE") == _count(BASE, "QKV_ROPE") and _count(p) == _count(BASE)
+
+
+def _one_qkv_counter(p):
+    """Every QKV task of layer 0 signals one counter, and every attention task waits on it."""
     for prog, per_layer in ((BASE, C.n_kv_heads), (p, 1)):   # QKV counters per layer: one per group, or one
         names = {prog.counters[t.out_counter].name for t in prog.tasks if t.op == "QKV_ROPE" and t.label.startswith("L0.")}
         assert len(names) == per_layer
@@ -238,7 +244,27 @@ def _check_attn_wait(p, v):
     assert all(t.out_counter == ctr for t in qkv0)
     attn0 = [t for t in p.tasks if t.op.startswith("ATTN_") and t.op != "ATTN_MERGE" and t.label.startswith("L0.")]
     assert attn0 and all([w.counter for w in t.waits] == [ctr] for t in attn0)   # every task waits for all of them
-    assert _count(p, "QKV_ROPE") == _count(BASE, "QKV_ROPE") and _count(p) == _count(BASE)
+
+
+def _check_o_proj_by_group(p, v):
+    assert v is True
+    G, hd, ns = C.group, C.head_dim, p.meta["attn_splits"]
+    o = [t for t in p.tasks if ".o_proj[" in t.label and t.label.startswith("L0.")]
+    base_o = [t for t in BASE.tasks if ".o_proj[" in t.label and t.label.startswith("L0.")]
+    # every KV group's tiles cover all rows once, over that group's G*hd columns, adding into the layer input x0
+    for g in range(C.n_kv_heads):
+        tiles = [t for t in o if f".o_proj[g{g}][" in t.label]
+        assert sum(t.params["row_count"] for t in tiles) == C.hidden
+        assert all(t.params["k"] == G * hd and t.params["accumulate"] == 1 and t.params["x_start"] ==
+                   g * ns * G * (hd + 2) and p.buffers[t.outputs[0]].name == "x0" for t in tiles)
+        assert {p.buffers[t.inputs[1]].cols for t in tiles} == {(g * G * hd, G * hd)}
+        wait = {t.waits[0].counter for t in tiles}
+        assert len(wait) == 1 and all(len(t.waits) == 1 for t in tiles)   # only its own group's partials
+        assert {p.tasks[i].label for i in range(len(p.tasks)) if p.tasks[i].out_counter in wait} == \
+            {f"L0.attn[g{g}.s{s}]" for s in range(ns)}
+    assert _count(p, "ATTN_MERGE") == 0 and _count(BASE, "ATTN_MERGE") > 0 and len(o) != len(base_o)
+    _one_qkv_counter(p)   # implied attn_wait 'layer'
+    assert _count(p, "QKV_ROPE") == _count(BASE, "QKV_ROPE")
 
 
 def _check_mlp_prefetch_delay_ns(p, v):
@@ -272,7 +298,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
               "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
-              "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait}
+              "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait,
+              "o_proj_by_group": _check_o_proj_by_group}
 
 
 def test_every_knob_has_an_alternative_value():

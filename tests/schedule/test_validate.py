@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from schedule.adversarial import N, NW, SRC, add_task, clone, gemv_task, make_program, norm_task, small_buffers
+from schedule.adversarial import N, NW, SRC, W, add_task, clone, gemv_task, make_program, norm_task, small_buffers
 from schedule.ir import TARGETS, Buffer, BufferKind, DType, ScheduleConfig, Task, Wait, topological_order
 from schedule.validate import ValidationResult, happens_before_edges, validate
 from vm.abi import MAX_WAITS
@@ -507,4 +507,56 @@ def test_l2_prefetch_delay_out_of_range_is_rejected(toy, delay):
     pf[0].params["delay_ns"] = delay
     rejected(p, f"task {pf[0].id}", "L2_PREFETCH", f"delay_ns {delay} outside [0, 100000]")
     del pf[0].params["delay_ns"]   # programs written before the param existed: 0, no delay
+    assert validate(p).ok
+
+
+# -- accumulating writes (GEMV accumulate: y += W x, atomic) ---------------------------------------------------
+def _acc(tid, x, y, waits=(), out=-1, sm=0, rows=(0, N)):
+    t = gemv_task(tid, x, y, rows[0], rows[1], waits, out, sm)
+    t.params["accumulate"] = 1
+    return t
+
+
+def test_unordered_accumulations_into_one_range_are_not_a_race():
+    """a0, a1 written on SM 0; two tasks on other SMs add W a0 into a1, unordered among themselves (their order
+    only moves the rounding); the reader waits for both."""
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), add_task(1, SRC, SRC, A1, out=0, sm=0),
+              _acc(2, A0, A1, waits=[(0, 2)], out=1, sm=1), _acc(3, A0, A1, waits=[(0, 2)], out=1, sm=2),
+              norm_task(4, A1, OUT, waits=[(1, 2)], sm=3)], 2)
+    r = validate(p)
+    assert r.ok, r.report()
+
+
+def test_accumulation_unordered_with_a_reader_is_a_race():
+    # the reader waits only for the first accumulation: the second may add while it reads
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), add_task(1, SRC, SRC, A1, out=0, sm=0),
+              _acc(2, A0, A1, waits=[(0, 2)], out=1, sm=1), _acc(3, A0, A1, waits=[(0, 2)], sm=2),
+              norm_task(4, A1, OUT, waits=[(1, 1)], sm=3)], 2)
+    rejected(p, "accumulates into", "task 3 (GEMV", "'a1'")
+
+
+def test_accumulation_into_unwritten_scratch_and_before_the_initial_write():
+    # nobody wrote a1 before the add: it would add to NaN-poisoned scratch
+    rejected(prog([add_task(0, SRC, SRC, A0, out=0, sm=0), _acc(1, A0, A1, waits=[(0, 1)], out=1, sm=1),
+                   norm_task(2, A1, OUT, waits=[(1, 1)], sm=0)], 2), "NaN-poisoned scratch", "task 1 (GEMV")
+    # the plain write of a1 is not ordered before the add
+    rejected(prog([add_task(0, SRC, SRC, A0, out=0, sm=0), add_task(1, SRC, SRC, A1, sm=2),
+                   _acc(2, A0, A1, waits=[(0, 1)], out=1, sm=1), norm_task(3, A1, OUT, waits=[(1, 1)], sm=0)], 2),
+             "accumulates into", "task 2 (GEMV")
+
+
+def test_accumulate_needs_an_f32_activation_and_a_flag_of_0_or_1():
+    p = prog([add_task(0, SRC, SRC, A0, out=0, sm=0), _acc(1, A0, OUT, waits=[(0, 1)], sm=1)], 1)
+    rejected(p, "y must be an f32 ACTIVATION")
+    p = chain()
+    p.tasks[2] = gemv_task(2, A1, OUT, waits=[(1, 1)], sm=0)
+    p.tasks[2].params["accumulate"] = 2
+    rejected(p, "accumulate 2 must be 0 or 1")
+
+
+def test_weight_column_slice_checked():
+    p = chain()
+    p.buffers[W] = Buffer(W, "w", BufferKind.WEIGHT, DType.F32, (N, N), "w", cols=(4, 3))
+    rejected(p, "cols (4, 3) must be")
+    p.buffers[W] = Buffer(W, "w", BufferKind.WEIGHT, DType.F32, (N, N), "w", cols=(4, N))
     assert validate(p).ok

@@ -15,7 +15,8 @@ from vm.reference_vm import ReferenceVM, VMError
 CONFIGS = [{}, {"attn_splits": 3, "qkv_heads": 2, "gemv_rows": 8, "sm_assignment": "lpt", "num_sms": 7},
            {"fuse_norm": False, "fuse_residual": False, "mlp_rows": 64, "sm_assignment": "round_robin",
             "num_sms": 5},
-           {"attn_splits": 4, "fuse_attn_merge": True, "num_sms": 6}]   # o_proj merges the partials
+           {"attn_splits": 4, "fuse_attn_merge": True, "num_sms": 6},   # o_proj merges the partials
+           {"attn_splits": 2, "o_proj_by_group": True, "num_sms": 6}]   # o_proj per KV group, adding into x
 
 
 @pytest.mark.parametrize("family", sorted(SMALL_CONFIGS))
@@ -147,3 +148,19 @@ def test_argmax_merge_rejects_a_candidate_outside_the_logits():
     mem = _Mem({0: torch.randn(10), 1: torch.tensor([3, 12], dtype=torch.int32), 2: torch.zeros(1, dtype=torch.int32)})
     with pytest.raises(VMError, match=r"outside \[0, 10\)"):
         REFERENCE["ARGMAX_MERGE"](mem, Task(0, "ARGMAX_MERGE", [0, 1], [2], params={"n": 10, "n_cand": 2}, label="m"))
+
+
+def test_column_sliced_weights_come_back_whole():
+    """o_proj_by_group stores W_o as one column block per KV group (Buffer.cols); weight_tensors() (what the HF
+    comparisons load) puts the blocks back together into the state-dict tensor."""
+    g = small_graph("llama-untied", seed=4)
+    prog = lower(g, TARGETS["h100"], {"o_proj_by_group": True}, max_seq=16)
+    key = "model.layers.0.self_attn.o_proj.weight"
+    blocks = [b for b in prog.buffers if b.source == key]
+    assert len(blocks) == g.config.n_kv_heads and all(b.cols is not None for b in blocks)
+    vm = ReferenceVM(prog, g.weights)
+    assert torch.equal(vm.weight_tensors()[key], g.weights[key].float())
+    bad = dict(g.weights)
+    bad[key] = g.weights[key][:, :8]
+    with pytest.raises(VMError, match=r"columns \[\d+, \d+\) of weight"):
+        ReferenceVM(prog, bad)

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 2
+#define AMK_ABI_VERSION 3
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 8
 #define AMK_MAX_IPARAMS 12
@@ -78,6 +78,8 @@
 #define AMK_GEMV_IP_X_SPLITS 7
 #define AMK_GEMV_IP_X_GROUP 8
 #define AMK_GEMV_IP_X_HEAD_DIM 9
+#define AMK_GEMV_IP_X_START 10
+#define AMK_GEMV_IP_ACCUMULATE 11
 #define AMK_GEMV_FP_EPS 0
 #define AMK_GEMV_IN_X 0
 #define AMK_GEMV_IN_W 1

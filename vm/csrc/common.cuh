@@ -62,6 +62,15 @@ static_assert(AMK_ATTN_STAGE_BYTES % 16 == 0 && AMK_ATTN_STAGE_BYTES >= 4096 && 
 #ifndef AMK_U2
 #define AMK_U2 AMK_CLAMP(2048 / AMK_THREADS, 1, 16)
 #endif
+// o_proj split by KV group: its weight rows go out before its merged input is staged (ops_gemv.cuh,
+// amk_gemv_group_body); 0: the generic order (input, then weights).
+#ifndef AMK_GROUP_EARLY
+#define AMK_GROUP_EARLY 1
+#endif
+// Short rows (K fits one 16-byte chunk per lane, ops_gemv.cuh): rows per warp in flight at once.
+#ifndef AMK_RS
+#define AMK_RS AMK_CLAMP(4096 / AMK_THREADS, 1, 16)
+#endif
 
 // The kernel's dynamic shared memory: [weight ring | preload buffer | op area] (megakernel.cu).
 extern __shared__ __align__(128) unsigned char amk_dyn_smem[];

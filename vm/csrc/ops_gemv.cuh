@@ -101,6 +101,32 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
 #pragma unroll
   for (int m = 0; m < NM; ++m) vec = vec && amk_aligned16(W[m]);
   int wpr = rn > 0 ? AMK_NWARPS / rn : 1;  // warps per row
+  if constexpr (NM == 1) {
+    // Short rows (one 16-byte chunk per lane covers the row: o_proj split by KV group has K = group * head_dim):
+    // AMK_RS rows per warp in flight at once instead of two (the pair loop below would take rn / 32 round trips).
+    // Per row the same order as the pair loop: each lane's chunk, then the warp sum.
+    if (vec && K / T::VE <= 32 && rn >= 2 * AMK_NWARPS) {
+      for (int rb = warp * AMK_RS; rb < rn; rb += AMK_NWARPS * AMK_RS) {
+        const char* rows[AMK_RS];
+#pragma unroll
+        for (int j = 0; j < AMK_RS; ++j) rows[j] = W[0] + (size_t)(rb + j < rn ? rb + j : rn - 1) * rs;
+        float acc[AMK_RS];
+#pragma unroll
+        for (int j = 0; j < AMK_RS; ++j) acc[j] = 0.f;
+        amk_dot_vec<T, AMK_RS, 1>(rows, xs, K / T::VE, lane, 32, src, acc);
+#pragma unroll
+        for (int j = 0; j < AMK_RS; ++j) acc[j] = amk_warp_sum(acc[j]);
+        if (lane == 0) {
+#pragma unroll
+          for (int j = 0; j < AMK_RS; ++j) {
+            const float a[1] = {acc[j]};
+            if (rb + j < rn) epi(rb + j, a);
+          }
+        }
+      }
+      return;
+    }
+  }
   if (wpr <= 1) {
     if constexpr (NM == 1) {
       for (int r = warp; r < rn; r += 2 * AMK_NWARPS) {  // warp-uniform: rows r and r + NWARPS together
@@ -258,16 +284,18 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
 
 // Per-dtype bodies are separate (noinline) functions: each gets its own register allocation.
 // res_s: the task's residual rows staged in smem (null without residual).
+// accumulate: y[r] += v with an atomic fp32 add (GEMV param accumulate; o_proj split by KV group).
 template <class T>
 __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
                                            const char* wbase, const void* bias, int bias_dt, const float* res_s,
-                                           float* y, float xr) {
+                                           float* y, float xr, bool accumulate) {
   const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
   amk_gemv_rows<T, 1>(c, W, K, rn, xs, c.smem + amk_pad4(K), [&](int r, const float (&a)[1]) {
     float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
     if (res_s) v += res_s[r];
-    y[r0 + r] = v;
+    if (accumulate) atomicAdd(y + r0 + r, v);
+    else y[r0 + r] = v;
   });
 }
 
@@ -303,6 +331,62 @@ __device__ __forceinline__ void amk_stage_merged_x(const AmkCtx& c, const float*
   amk_mark(c, 1);
 }
 
+// o_proj split by KV group (x_splits > 0, short rows, accumulate, no bias / residual, weights from global): each
+// warp's AMK_RS rows are issued into registers BEFORE the merged input is staged, so the weights' round trip
+// overlaps the partials' (the generic order loads them after: two round trips in a row). Rows past the first
+// AMK_NWARPS * AMK_RS take the generic short-row loop. Per row the same arithmetic as amk_dot_vec's.
+template <class T>
+__device__ __noinline__ void amk_gemv_group_body(const AmkCtx& c, const float* part, int ns, int G, int D, float* xs,
+                                                 float* ps, bool split, int rn, int K, const char* W, float* y) {
+  const int warp = amk_warp(), lane = amk_lane(), nc = K / T::VE, rb = warp * AMK_RS;
+  const size_t rs = (size_t)K * T::BYTES;
+  const AmkSrcGlobal src{amk_policy_evict_first()};
+  uint4 v[AMK_RS];
+#pragma unroll
+  for (int j = 0; j < AMK_RS; ++j) {
+    const int r = rb + j < rn ? rb + j : rn - 1;
+    v[j] = lane < nc ? src.ld(W + r * rs + (size_t)lane * 16) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  amk_stage_merged_x(c, part, K, ns, G, D, xs, ps, split);  // ends with a barrier
+  const float* xsm = amk_in_smem(xs);
+  if (rb < rn) {
+    float acc[AMK_RS];
+#pragma unroll
+    for (int j = 0; j < AMK_RS; ++j) acc[j] = 0.f;
+    if (lane < nc) {
+      float xf[T::VE];
+      constexpr bool sp = AMK_X_SPLIT && T::BYTES == 2;
+      const float4* x4 = (const float4*)xsm + (sp ? lane : lane * (T::VE / 4));
+#pragma unroll
+      for (int q = 0; q < T::VE / 4; ++q) {
+        const float4 t = x4[sp ? q * nc : q];
+        xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
+      }
+#pragma unroll
+      for (int j = 0; j < AMK_RS; ++j) {
+        float wf[T::VE];
+        T::unpack(v[j], wf);
+#pragma unroll
+        for (int e = 0; e < T::VE; ++e) acc[j] = fmaf(wf[e], xf[e], acc[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < AMK_RS; ++j) acc[j] = amk_warp_sum(acc[j]);
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < AMK_RS; ++j)
+        if (rb + j < rn) atomicAdd(y + j + rb, acc[j]);
+    }
+  }
+  const int done = AMK_NWARPS * AMK_RS;
+  if (rn > done) {
+    const char* Wr[1] = {W + done * rs};
+    amk_gemv_tile<T, 1>(c, Wr, K, rn - done, xsm, src,
+                        [&](int r, const float (&a)[1]) { atomicAdd(y + done + r, a[0]); });
+  }
+  amk_mark(c, 2);
+}
+
 __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT], K = in.ip[AMK_GEMV_IP_K];
@@ -321,8 +405,23 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
     tail += amk_pad4(rn);
   }
-  const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X);
+  const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X) + in.ip[AMK_GEMV_IP_X_START];
   const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
+  const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
+  if (AMK_GROUP_EARLY && in.ip[AMK_GEMV_IP_X_SPLITS] > 0 && in.ip[AMK_GEMV_IP_ACCUMULATE] != 0 && !has_bias &&
+      !has_res && (in.flags & (AMK_INSTR_FLAG_STREAM | AMK_INSTR_FLAG_PRELOAD)) == 0 && rn >= 2 * AMK_NWARPS &&
+      amk_aligned16(wbase) && amk_aligned16(x)) {
+    bool done = false;  // (x_splits rules out has_norm)
+    amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
+      using T = decltype(tag);
+      if (K % T::VE != 0 || K / T::VE > 32) return;
+      amk_gemv_group_body<T>(c, x, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
+                             in.ip[AMK_GEMV_IP_X_HEAD_DIM], xs, tail, split, rn, K,
+                             wbase + (size_t)r0 * K * T::BYTES, (float*)amk_ptr(c, s_y) + r0);
+      done = true;
+    });
+    if (done) return;
+  }
   float xr = 1.0f;  // y = (W . xs) * xr; both stagings end with a barrier
   if (in.ip[AMK_GEMV_IP_X_SPLITS] > 0)  // (the validator rules out has_norm here)
     amk_stage_merged_x(c, x, K, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
@@ -332,9 +431,9 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
-  const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
-    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, xr);
+    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, xr,
+                                 in.ip[AMK_GEMV_IP_ACCUMULATE] != 0);
   });
 }
 
