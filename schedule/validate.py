@@ -464,8 +464,8 @@ class _Validator(TaskChecks):
         if v_acc or u_acc:
             acc_t, other = (v, u) if v_acc else (u, v)
             self.err("race", f"race: {self.T(acc_t)} accumulates into {where} with no happens-before order "
-                             f"against {self.T(other)}, which {'accumulates into' if v_acc and u_acc else 'reads or writes'}"
-                             f" it (accumulations may only be unordered among themselves)")
+                             f"against {self.T(other)}, which reads or writes it (accumulations may only be unordered "
+                             f"among themselves)")
             return
         if v_writes and u_writes:
             self.err("race", f"race: unordered writers {self.T(u)} and {self.T(v)} both write {where}")

@@ -293,27 +293,31 @@ def test_qk_norm_rope_tasks_match_whole_head_qkv_tiles(dtype):
     assert rel_err(outs[2], want) <= (2e-3 if dtype == "bf16" else 1e-4)
 
 
+def _four_steps(g, cfg: dict, check):
+    """(GPU logits, ReferenceVM logits) of steps (3 + i, position 5i), i < 4, under the default config + cfg;
+    check(program) runs first."""
+    from vm.loader import MegakernelVM
+    prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], **cfg}, max_seq=48)
+    check(prog)
+    run = lambda vm: torch.stack([vm.step(3 + i, 5 * i).clone() for i in range(4)])  # noqa: E731
+    return run(MegakernelVM(prog, g.weights)), run(ReferenceVM(prog, g.weights))
+
+
 @pytest.mark.parametrize("name,dtype,splits", [("llama-untied", "f32", 3), ("wide", "bf16", 8),
                                                ("hd128", "bf16", 5), ("merge-odd", "f32", 3)])
 def test_attn_merge_in_o_proj_is_bit_identical_to_merge_tasks(name, dtype, splits):
     """fuse_attn_merge: o_proj merging the split-KV partials while it stages x gives the same bits as ATTN_MERGE
     tasks (one definition of the merge arithmetic), and matches the ReferenceVM."""
-    from vm.loader import MegakernelVM
     g = graph(name, dtype)
     outs = []
     for fuse in (True, False):
-        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "attn_splits": splits, "fuse_attn_merge": fuse},
-                     max_seq=48)
-        assert any(t.op == "ATTN_MERGE" for t in prog.tasks) != fuse
-        assert any(t.params.get("x_splits", 0) == splits for t in prog.tasks) == fuse
-        vm = MegakernelVM(prog, g.weights)
-        outs.append(torch.stack([vm.step(3 + i, 5 * i).clone() for i in range(4)]))
-        if fuse:
-            ref = ReferenceVM(prog, g.weights)
-            want = torch.stack([ref.step(3 + i, 5 * i).clone() for i in range(4)])
-    assert torch.isfinite(outs[0]).all()
-    assert torch.equal(outs[0], outs[1])
-    assert rel_err(outs[0], want) <= (1e-5 if dtype == "f32" else 2e-2)
+        def check(prog):
+            assert any(t.op == "ATTN_MERGE" for t in prog.tasks) != fuse
+            assert any(t.params.get("x_splits", 0) == splits for t in prog.tasks) == fuse
+        outs.append(_four_steps(g, {"attn_splits": splits, "fuse_attn_merge": fuse}, check))
+    assert torch.isfinite(outs[0][0]).all()
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert rel_err(outs[0][0], outs[0][1]) <= (1e-5 if dtype == "f32" else 2e-2)
 
 
 @pytest.mark.parametrize("name,dtype,splits", [("llama-untied", "f32", 3), ("llama-untied", "bf16", 1),
@@ -323,22 +327,17 @@ def test_o_proj_by_group_matches_reference(name, dtype, splits):
     """o_proj_by_group: per-KV-group o_proj tiles (short rows of group*head_dim columns, the scalar path for odd
     sizes) add atomically into the residual stream; the logits match the ReferenceVM over several positions and
     the program without the knob, to fp32 reordering (f32) or bf16 tolerance."""
-    from vm.loader import MegakernelVM
     g = graph(name, dtype)
     outs = []
     for by_group in (True, False):
-        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "attn_splits": splits, "o_proj_by_group": by_group},
-                     max_seq=48)
-        assert any(t.params.get("accumulate") for t in prog.tasks) == by_group
-        vm = MegakernelVM(prog, g.weights)
-        outs.append(torch.stack([vm.step(3 + i, 5 * i).clone() for i in range(4)]))
-        if by_group:
-            ref = ReferenceVM(prog, g.weights)
-            want = torch.stack([ref.step(3 + i, 5 * i).clone() for i in range(4)])
-    assert torch.isfinite(outs[0]).all()
+        def check(prog):
+            assert any(t.params.get("accumulate") for t in prog.tasks) == by_group
+        outs.append(_four_steps(g, {"attn_splits": splits, "o_proj_by_group": by_group}, check))
+    (got, want), (plain, _) = outs
+    assert torch.isfinite(got).all()
     tol = 1e-5 if dtype == "f32" else 2e-2
-    assert rel_err(outs[0], want) <= tol
-    assert rel_err(outs[0], outs[1]) <= tol
+    assert rel_err(got, want) <= tol
+    assert rel_err(got, plain) <= tol
 
 
 def test_layout_drift_refuses_launch(monkeypatch):

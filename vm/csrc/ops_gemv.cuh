@@ -18,6 +18,28 @@
 #include "stream.cuh"
 #include "preload.cuh"
 
+// xf = x of 16-byte weight chunk cc (of nc per row): 2-byte weights read the split layout (amk_x_split: the vec
+// path has K % 8 == 0; the halves are nc float4s apart).
+template <class T>
+__device__ __forceinline__ void amk_x_chunk(const float* __restrict__ xs, int nc, int cc, float (&xf)[T::VE]) {
+  constexpr bool split = AMK_X_SPLIT && T::BYTES == 2;
+  const float4* x4 = (const float4*)xs + (split ? cc : cc * (T::VE / 4));
+#pragma unroll
+  for (int q = 0; q < T::VE / 4; ++q) {
+    const float4 t = x4[split ? q * nc : q];
+    xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
+  }
+}
+
+// acc += (one chunk of weights w) . xf, element by element in order.
+template <class T>
+__device__ __forceinline__ void amk_fma_chunk(const uint4& w, const float (&xf)[T::VE], float& acc) {
+  float wf[T::VE];
+  T::unpack(w, wf);
+#pragma unroll
+  for (int e = 0; e < T::VE; ++e) acc = fmaf(wf[e], xf[e], acc);
+}
+
 // acc[r] += sum over this lane's chunks c0, c0+cstep, ... < nc of rows[r][chunk] . xs[chunk]
 // Src: AmkSrcGlobal (ld.global.nc, evict-first) or AmkSrcShared (rows staged in the weight ring).
 template <class T, int R, int U, class Src>
@@ -37,22 +59,9 @@ __device__ __forceinline__ void amk_dot_vec(const char* const (&rows)[R], const 
       const int cc = c + u * cstep;
       if (cc < nc) {
         float xf[T::VE];
-        // x of chunk cc: 2-byte weights read the split layout (amk_x_split: the vec path has K % 8 == 0; the
-        // halves are nc float4s apart)
-        constexpr bool split = AMK_X_SPLIT && T::BYTES == 2;
-        const float4* x4 = (const float4*)xs + (split ? cc : cc * (T::VE / 4));
+        amk_x_chunk<T>(xs, nc, cc, xf);
 #pragma unroll
-        for (int q = 0; q < T::VE / 4; ++q) {
-          const float4 t = x4[split ? q * nc : q];
-          xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float wf[T::VE];
-          T::unpack(v[r][u], wf);
-#pragma unroll
-          for (int e = 0; e < T::VE; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
-        }
+        for (int r = 0; r < R; ++r) amk_fma_chunk<T>(v[r][u], xf, acc[r]);
       }
     }
   }
@@ -355,20 +364,9 @@ __device__ __noinline__ void amk_gemv_group_body(const AmkCtx& c, const float* p
     for (int j = 0; j < AMK_RS; ++j) acc[j] = 0.f;
     if (lane < nc) {
       float xf[T::VE];
-      constexpr bool sp = AMK_X_SPLIT && T::BYTES == 2;
-      const float4* x4 = (const float4*)xsm + (sp ? lane : lane * (T::VE / 4));
+      amk_x_chunk<T>(xsm, nc, lane, xf);
 #pragma unroll
-      for (int q = 0; q < T::VE / 4; ++q) {
-        const float4 t = x4[sp ? q * nc : q];
-        xf[4 * q] = t.x; xf[4 * q + 1] = t.y; xf[4 * q + 2] = t.z; xf[4 * q + 3] = t.w;
-      }
-#pragma unroll
-      for (int j = 0; j < AMK_RS; ++j) {
-        float wf[T::VE];
-        T::unpack(v[j], wf);
-#pragma unroll
-        for (int e = 0; e < T::VE; ++e) acc[j] = fmaf(wf[e], xf[e], acc[j]);
-      }
+      for (int j = 0; j < AMK_RS; ++j) amk_fma_chunk<T>(v[j], xf, acc[j]);
     }
 #pragma unroll
     for (int j = 0; j < AMK_RS; ++j) acc[j] = amk_warp_sum(acc[j]);
