@@ -188,7 +188,7 @@ class TaskChecks:
                 need(xg >= 1 and xd >= 1 and K % (xg * xd) == 0,
                      f"x_group {xg} x x_head_dim {xd} must be >= 1 and divide k={K}")
                 if xg >= 1 and xd >= 1:
-                    want, blk = K // (xg * xd) * xsp * xg * (xd + 2), xsp * xg * (xd + 2)
+                    want, blk = ops.gemv_x_elems(P), xsp * xg * (xd + 2)
                     need(x0 >= 0 and x0 % blk == 0 and numel("x") % blk == 0 and x0 + want <= numel("x"),
                          f"merged x: elements [{x0}, {x0 + want}) (x_start, then k / (x_group*x_head_dim) KV groups"
                          f" of x_splits * x_group * (x_head_dim+2) = {blk}) must be whole groups of the partial "

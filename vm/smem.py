@@ -7,6 +7,8 @@ Pure functions of a task's params and the build knobs (threads, ring stage, atte
 """
 from __future__ import annotations
 
+from schedule.ops import gemv_x_elems
+
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
 ATTN_STAGES, ATTN_STAGE_BYTES = 2, 32768   # default attention KV stages (jit.BuildSpec.attn_stages / _bytes)
 STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
@@ -47,9 +49,7 @@ def merged_x_floats(p: dict) -> int:
     """Elements of the attention-partials buffer a GEMV with x_splits > 0 merges into its x (0 otherwise): mirror
     of amk_merged_x_floats in vm/csrc/ops_gemv.cuh."""
     ns, G, hd = (int(p.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim"))
-    if ns <= 0 or G <= 0 or hd <= 0:
-        return 0
-    return int(p["k"]) // (G * hd) * ns * G * (hd + 2)
+    return gemv_x_elems(p) if ns > 0 and G > 0 and hd > 0 else 0
 
 
 def norm_floats(task) -> int:
