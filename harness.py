@@ -31,7 +31,7 @@ from flywheel import prior
 
 CPU_VERIFY_MAX_PARAMS = 50_000_000     # above this, CPU correctness (HF eager fp32 + reference VM) is skipped
 SMEM_SCRATCH_BYTES = 16 * 1024         # per-block scratch (reductions, counters) on top of the fp32 input vector
-GEMV_LIKE_OPS = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")   # ops that stage their fp32 input vector (length k) in SMEM
+GEMV_LIKE_OPS = ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE")   # ops that stage their fp32 input vector (length k) in SMEM
 MAX_ERRORS_REPORTED = 5
 
 _GRAPHS: dict = {}       # (model, dtype, seed) -> ModelGraph (weights materialised once per process)

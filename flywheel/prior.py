@@ -88,6 +88,12 @@ KNOBS: tuple[Knob, ...] = (
              "before any o_proj task adds to it). Sums in whatever order the tasks finish: not bit-reproducible. Off by "
              "default: slower on an H100 (llama-3.2-1b +1.6%, qwen3-0.6b +1.0%, ctx 8192 +0.5%; the layer-wide "
              "attention wait costs more than the merge hop it removes, docs/PERF.md, eighteenth session)"),
+    Knob("fuse_down", bool, False, choices=(False, True),
+         doc="down_proj split-K into the MLP tiles: each gate/up task keeps its SiLU*up rows on chip and adds "
+             "W_down[:, its rows] . h into the next layer's residual stream (atomic fp32 adds; the o_proj tiles seed "
+             "it with their output rows), so no h buffer and no down-proj hop remain; W_down is stored as one "
+             "contiguous column block per tile. Needs fuse_residual and not o_proj_by_group. Sums in whatever order "
+             "the tasks finish: not bit-reproducible"),
     Knob("attn_wait", str, "group", choices=("group", "layer"),
          doc="what a layer's attention tasks wait for: their own KV group's QKV tasks ('group': each group's "
              "attention starts as soon as its q, K and V rows are written) or every QKV task of the layer ('layer': "

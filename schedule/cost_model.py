@@ -43,7 +43,7 @@ from schedule.ir import BufferKind, GpuTarget, MegakernelProgram
 from schedule.ops import accesses, weight_ranges
 from vm.abi import QKV_MODE_RAW
 
-GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
+GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE")
 ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
 ARGMAX_OPS = ("ARGMAX", "ARGMAX_PARTIAL", "ARGMAX_MERGE")
 H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it

@@ -17,6 +17,8 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                     during the attention hops]
                    GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
                    GEMV down tiles + residual   -> x_{l+1}
+                   (fuse_down: GEMV_SILU_MUL_DOWN tiles instead, each adding W_down[:, its rows] . h into x_{l+1},
+                    which the o_proj tiles seed with xmid_l: no h buffer, no down hop)
     LM head GEMV tiles (final norm fused) -> logits -> ARGMAX_PARTIAL per tile -> ARGMAX_MERGE -> next_token
     (split_argmax; else one ARGMAX)
 
@@ -168,14 +170,16 @@ def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
     return knob if knob > 0 else auto_rows(n, n_sms, warps)
 
 
-def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None, merge=None):
+def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps=0.0, residual=None, merge=None,
+          copy=None):
     """GEMV row tiles of y = W x (+ residual). merge: {x_splits, x_group, x_head_dim} when x is the split-KV
-    attention partials, merged by each tile while it stages its input."""
+    attention partials, merged by each tile while it stages its input. copy: a second buffer the rows go to."""
     for r0, rn in _row_tiles(b, n, rows):
         ins = [x, w] + ([norm_w] if norm_w is not None else []) + ([residual] if residual is not None else [])
-        b.task("GEMV", ins, [y], {"row_start": r0, "row_count": rn, "k": k, "n": n,
-                                  "has_norm": int(norm_w is not None), "has_bias": 0,
-                                  "has_residual": int(residual is not None), "eps": eps, **(merge or {})},
+        b.task("GEMV", ins, [y] + ([copy] if copy is not None else []),
+               {"row_start": r0, "row_count": rn, "k": k, "n": n, "has_norm": int(norm_w is not None), "has_bias": 0,
+                "has_residual": int(residual is not None), "has_copy": int(copy is not None), "eps": eps,
+                **(merge or {})},
                [wait], out_c, f"{label}[{r0}:{r0 + rn}]")
 
 
@@ -195,11 +199,12 @@ def _norm_input(b, cfg, x, x_counter, norm_key, c, name):
     return xn, cn, None
 
 
-def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None):
-    """y = resid + W x, fused into the tile or as GEMV + ADD tasks (gemv_rows rows per task, 0 = auto)."""
+def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None, copy=None):
+    """y = resid + W x, fused into the tile or as GEMV + ADD tasks (gemv_rows rows per task, 0 = auto); copy: the
+    fused tile also writes its rows there (needs fuse_residual)."""
     rows = rows_for(cfg.gemv_rows, n, b.sms, b.warps)
     if cfg.fuse_residual:
-        _gemv(b, x, w, y, n, k, rows, wait, out_c, label, residual=resid, merge=merge)
+        _gemv(b, x, w, y, n, k, rows, wait, out_c, label, residual=resid, merge=merge, copy=copy)
     else:
         tmp, ct = b.act(label + "_tmp", n), b.counter(label + "_tmp")
         _gemv(b, x, w, tmp, n, k, rows, wait, ct, label, merge=merge)
@@ -345,21 +350,28 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
             b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
                                                  "count_b": n, "delay_ns": cfg.mlp_prefetch_delay_ns},
                    [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
+    xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
     if by_group:   # x += W_o . attn, one column block per KV group: x is this layer's xmid from here on
         xmid, c_mid = x, b.counter(f"xmid{l}")
         _o_proj_by_group(b, c, p + "self_attn.o_proj.weight", partial, x, splits, c_groups, c_mid, l)
-    else:
+    else:   # fuse_down: o_proj's tiles also seed x_{l+1} = xmid, which the MLP tiles then add their down share to
         xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
         wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
         _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,
-                       f"L{l}.o_proj", merge=merge)
+                       f"L{l}.o_proj", merge=merge, copy=xnext if cfg.fuse_down else None)
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
+    norm = [nw2] if nw2 is not None else []
+    gp = {"k": H, "n": c.intermediate, "has_norm": int(nw2 is not None), "eps": c.rms_eps}
+    if cfg.fuse_down:   # each MLP tile adds W_down[:, its rows] . h into x_{l+1}: no h buffer, no down hop
+        for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
+            wdb = b.weight(p + "mlp.down_proj.weight", (H, rn), cols=(r0, rn))
+            b.task("GEMV_SILU_MUL_DOWN", [xin2, wg, wu, wdb] + norm, [xnext],
+                   {"row_start": r0, "row_count": rn, "out_n": H, **gp}, [cin2], c_next, f"L{l}.mlp[{r0}:{r0 + rn}]")
+        return xnext, c_next
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
     for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
-        b.task("GEMV_SILU_MUL", [xin2, wg, wu] + ([nw2] if nw2 is not None else []), [h],
-               {"row_start": r0, "row_count": rn, "k": H, "n": c.intermediate, "has_norm": int(nw2 is not None),
-                "eps": c.rms_eps}, [cin2], c_h, f"L{l}.gate_up[{r0}:{r0 + rn}]")
-    xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
+        b.task("GEMV_SILU_MUL", [xin2, wg, wu] + norm, [h], {"row_start": r0, "row_count": rn, **gp}, [cin2], c_h,
+               f"L{l}.gate_up[{r0}:{r0 + rn}]")
     wd = b.weight(p + "mlp.down_proj.weight", (H, c.intermediate))
     _residual_gemv(b, cfg, h, wd, xmid, xnext, H, c.intermediate, c_h, c_next, f"L{l}.down")
     return xnext, c_next
@@ -443,6 +455,9 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
+    if cfg.fuse_down and (cfg.o_proj_by_group or not cfg.fuse_residual):
+        raise IRError("fuse_down: needs o_proj to write whole rows of the residual stream (fuse_residual true, "
+                      "o_proj_by_group false): its tiles seed x_{l+1} for the MLP tiles to add into")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
     hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)  # per head

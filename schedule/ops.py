@@ -27,8 +27,7 @@ class Access:
 
 def slot_map(task) -> dict[str, int]:
     """{slot name: buffer id} for a task (inputs by the opcode's slot order, then outputs)."""
-    spec = OPCODES[task.op]
-    names = spec.input_slots(task.params) + list(spec.outputs)
+    names = OPCODES[task.op].slots(task.params)
     ids = list(task.inputs) + list(task.outputs)
     return dict(zip(names, ids))
 
@@ -55,7 +54,7 @@ def accesses(task, numel) -> list[Access]:
         whole("table"); whole("token"); rng("x", c0, c0 + cn, True)
     elif op == "RMSNORM":
         whole("x"); whole("w"); whole("y", True)
-    elif op in ("GEMV", "GEMV_SILU_MUL"):
+    elif op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):
         r0, rn, K = _p(task, "row_start"), _p(task, "row_count"), _p(task, "k")
         x0 = int(task.params.get("x_start", 0))
         rng("x", x0, x0 + gemv_x_elems(task.params))
@@ -68,7 +67,13 @@ def accesses(task, numel) -> list[Access]:
             rng("bias", r0, r0 + rn)
         if "residual" in s:
             rng("residual", r0, r0 + rn)
-        rng("y" if op == "GEMV" else "h", r0, r0 + rn, True, bool(task.params.get("accumulate", 0)))
+        if op == "GEMV_SILU_MUL_DOWN":   # h stays on chip; the down block [out_n, rn] adds into all of y
+            whole("w_down")
+            rng("y", 0, _p(task, "out_n"), True, True)
+        else:
+            rng("y" if op == "GEMV" else "h", r0, r0 + rn, True, bool(task.params.get("accumulate", 0)))
+        if "y_copy" in s:
+            rng("y_copy", r0, r0 + rn, True)
     elif op == "QKV_ROPE":
         K = _p(task, "k")
         whole("x"); whole("pos"); whole("inv_freq")
@@ -150,7 +155,7 @@ def qkv_rows(task) -> list[tuple[int, int]]:
 def weight_ranges(task, numel) -> list[Access]:
     """The read accesses of WEIGHT-like slots (streamed, prefetchable)."""
     return [a for a in accesses(task, numel)
-            if not a.write and a.slot in ("w", "w_gate", "w_up", "table", "w_a", "w_b")]
+            if not a.write and a.slot in ("w", "w_gate", "w_up", "w_down", "table", "w_a", "w_b")]
 
 
 def estimate(task, numel, itemsize) -> tuple[int, int]:
@@ -175,9 +180,11 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
             n = _p(task, "k")   # merged attention partials: L2-resident like any activation, counted as the x they make
         byts += n * itemsize(a.buffer)
     flops = 0
-    if task.op in ("GEMV", "GEMV_SILU_MUL"):
-        m = 2 if task.op == "GEMV_SILU_MUL" else 1
+    if task.op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):
+        m = 1 if task.op == "GEMV" else 2
         flops = 2 * m * _p(task, "row_count") * _p(task, "k")
+        if task.op == "GEMV_SILU_MUL_DOWN":
+            flops += 2 * _p(task, "row_count") * _p(task, "out_n")
     elif task.op == "QKV_ROPE":
         flops = 2 * sum(b - a for a, b in qkv_rows(task)) * _p(task, "k")
     elif attn:

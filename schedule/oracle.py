@@ -79,9 +79,10 @@ class _Static:
             except (TypeError, ValueError):
                 self.add("malformed", f"task {i}: bad flag params")
                 continue
-            if len(t.inputs) != n_in or len(t.outputs) != len(spec.outputs):
+            n_out = len(spec.output_slots(t.params))
+            if len(t.inputs) != n_in or len(t.outputs) != n_out:
                 self.add("malformed", f"task {i} {t.op}: {len(t.inputs)}/{len(t.outputs)} buffers, wants "
-                                      f"{n_in}/{len(spec.outputs)}")
+                                      f"{n_in}/{n_out}")
                 continue
             if any(not isinstance(b, int) or not 0 <= b < nb for b in t.inputs + t.outputs):
                 self.add("malformed", f"task {i} {t.op}: dangling buffer id")

@@ -16,9 +16,10 @@ MAX_PREFETCH_DELAY_NS = 100_000   # an L2_PREFETCH task's delay_ns (its SM sleep
 # iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
 DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "x_start", "accumulate",
                       "early_kv", "delay_ns"}
-                     | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs})
+                     | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs + spec.optional_outputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
+                       ("GEMV_SILU_MUL_DOWN", "eps"): "has_norm",
                        ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
 
 
@@ -100,9 +101,10 @@ class TaskChecks:
             self.err("arity", f"{name}: {len(t.inputs)} inputs, opcode {t.op} with these flags takes "
                               f"{len(slots)} ({', '.join(slots)})")
             ok = False
-        if len(t.outputs) != len(spec.outputs):
-            self.err("arity", f"{name}: {len(t.outputs)} outputs, opcode {t.op} takes {len(spec.outputs)} "
-                              f"({', '.join(spec.outputs)})")
+        out_slots = spec.output_slots(t.params)
+        if len(t.outputs) != len(out_slots):
+            self.err("arity", f"{name}: {len(t.outputs)} outputs, opcode {t.op} with these flags takes "
+                              f"{len(out_slots)} ({', '.join(out_slots)})")
             ok = False
         if len(t.inputs) + len(t.outputs) > MAX_BUFS:
             self.err("abi", f"{name}: {len(t.inputs) + len(t.outputs)} buffers exceed the ABI cap {MAX_BUFS}")
@@ -165,7 +167,7 @@ class TaskChecks:
 
     def _check_shapes(self, i: int, t: Task, slots: list[str]) -> bool:
         """What each op assumes about its buffers beyond bounds (the reference VM reshapes by these)."""
-        P, s = t.params, dict(zip(slots + list(OPCODES[t.op].outputs), t.inputs + t.outputs))
+        P, s = t.params, dict(zip(slots + OPCODES[t.op].output_slots(t.params), t.inputs + t.outputs))
         shape = lambda slot: tuple(self.p.buffers[s[slot]].shape)  # noqa: E731
         numel = lambda slot: self.numel[s[slot]]  # noqa: E731
         bad: list[str] = []
@@ -180,7 +182,7 @@ class TaskChecks:
             need(shape("table") == (P["vocab"], P["hidden"]), f"table shape {shape('table')} != (vocab, hidden)")
         elif op == "RMSNORM":
             need(P["n"] == numel("x") == numel("w") == numel("y"), "n, x, w and y sizes differ")
-        elif op in ("GEMV", "GEMV_SILU_MUL"):
+        elif op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):
             r0, rn, K, N = P["row_start"], P["row_count"], P["k"], P["n"]
             need(r0 >= 0 and rn >= 1 and r0 + rn <= N, f"rows [{r0}, {r0 + rn}) outside [0, n={N})")
             xsp, xg, xd, x0 = (int(P.get(k, 0)) for k in ("x_splits", "x_group", "x_head_dim", "x_start"))
@@ -201,12 +203,21 @@ class TaskChecks:
                 need(xsp == 0 and xg == 0 and xd == 0,
                      f"x_splits {xsp} must be >= 0 (x_group / x_head_dim only with it)")
                 need(x0 == 0 and K == numel("x"), f"k={K} != x size {numel('x')} (x_start {x0} only with x_splits)")
+            f32_act = lambda slot: (self.kinds[s[slot]] == BufferKind.ACTIVATION  # noqa: E731
+                                    and self.p.buffers[s[slot]].dtype == DType.F32)
             if op == "GEMV":
                 acc = P.get("accumulate", 0)
                 need(acc in (0, 1), f"accumulate {acc} must be 0 or 1")
-                need(not acc or (self.kinds[s["y"]] == BufferKind.ACTIVATION
-                                 and self.p.buffers[s["y"]].dtype == DType.F32),
-                     "accumulate adds atomically into fp32: y must be an f32 ACTIVATION buffer")
+                need(not acc or f32_act("y"), "accumulate adds atomically into fp32: y must be an f32 ACTIVATION buffer")
+                if "y_copy" in s:
+                    need(not acc, "has_copy with accumulate: the copy of a partial sum is not the row's value")
+                    need(f32_act("y_copy"), "y_copy must be an f32 ACTIVATION buffer (the kernel writes fp32 rows)")
+            if op == "GEMV_SILU_MUL_DOWN":
+                on = P["out_n"]
+                need(on >= 1 and shape("w_down") == (on, rn),
+                     f"'w_down' shape {shape('w_down')} != (out_n, row_count) = ({on}, {rn}): the tile's column "
+                     f"block of down_proj")
+                need(f32_act("y"), "y (added into atomically) must be an f32 ACTIVATION buffer")
             for w in ("w", "w_gate", "w_up"):
                 if w in s:
                     need(shape(w) == (N, K), f"'{w}' shape {shape(w)} != (n, k) = ({N}, {K})")

@@ -18,12 +18,12 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
 MAX_BUFS = 8
-MAX_IPARAMS = 12
+MAX_IPARAMS = 16
 MAX_FPARAMS = 4
 MAX_PREFETCH = 2
 
@@ -54,7 +54,8 @@ class OpSpec:
     """One opcode: number, buffer slots and parameter names.
 
     ``inputs``: required input slots, in order. ``optional_inputs``: (slot name, flag iparam) pairs appended after
-    the required ones, present iff the flag param is non-zero, in this order. ``outputs``: output slots.
+    the required ones, present iff the flag param is non-zero, in this order. ``outputs``: output slots;
+    ``optional_outputs``: (slot name, flag iparam) pairs appended after them, like the optional inputs.
     """
     name: str
     code: int
@@ -64,14 +65,27 @@ class OpSpec:
     iparams: tuple[str, ...]
     fparams: tuple[str, ...] = ()
     optional_inputs: tuple[tuple[str, str], ...] = ()
+    optional_outputs: tuple[tuple[str, str], ...] = ()
 
     def input_slots(self, iparams: dict) -> list[str]:
         """The input slot names a task with these params carries, in order."""
         return list(self.inputs) + [n for n, flag in self.optional_inputs if int(iparams.get(flag, 0))]
 
+    def output_slots(self, iparams: dict) -> list[str]:
+        """The output slot names a task with these params carries, in order."""
+        return list(self.outputs) + [n for n, flag in self.optional_outputs if int(iparams.get(flag, 0))]
+
+    def slots(self, iparams: dict) -> list[str]:
+        """Every slot name of a task with these params: inputs, then outputs (the order of task.inputs + outputs)."""
+        return self.input_slots(iparams) + self.output_slots(iparams)
+
     @property
     def max_inputs(self) -> int:
         return len(self.inputs) + len(self.optional_inputs)
+
+    @property
+    def max_outputs(self) -> int:
+        return len(self.outputs) + len(self.optional_outputs)
 
 
 _OPS = [
@@ -84,11 +98,12 @@ _OPS = [
     # x_group, x_head_dim + 2] (rows (m, l, o)), merged by online softmax while staged (ATTN_MERGE's math, fused
     # into o_proj so attention needs no merge task). x_start: x starts at that element of its buffer (with x_splits
     # a whole KV-group block: o_proj split by KV group reads only its group's partials). accumulate: y[r] += the
-    # row's value (an atomic fp32 add; tasks accumulating into the same rows need no order among themselves)
+    # row's value (an atomic fp32 add; tasks accumulating into the same rows need no order among themselves).
+    # has_copy: y_copy[r] = y[r] as well (o_proj seeds the next layer's residual stream for fused down tiles)
     OpSpec("GEMV", 3, "gemv", ("x", "w"), ("y",),
            ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual", "x_splits", "x_group",
-            "x_head_dim", "x_start", "accumulate"), ("eps",),
-           (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual"))),
+            "x_head_dim", "x_start", "accumulate", "has_copy"), ("eps",),
+           (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual")), (("y_copy", "has_copy"),)),
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),
            ("row_start", "row_count", "k", "n", "has_norm"), ("eps",), (("norm_w", "has_norm"),)),
@@ -127,13 +142,19 @@ _OPS = [
     # token[0] = cand[i] for the first i in [0, n_cand) with the largest logits[cand[i]]; with the candidates of
     # ascending disjoint ranges covering [0, n) that is argmax(logits[0:n]) (first index on ties)
     OpSpec("ARGMAX_MERGE", 14, "reduce", ("logits", "cand"), ("token",), ("n", "n_cand")),
+    # one MLP tile with its share of down_proj (split-K): h = silu(Wg[r0:r0+rn,:] . f(x)) * (Wu[r0:r0+rn,:] . f(x))
+    # stays on chip, then y[0:out_n] += w_down . h (atomic fp32 adds), w_down = down_proj[:, r0:r0+rn] stored as
+    # its own contiguous [out_n, rn] block. No down-proj hop: tasks accumulating into y need no order among
+    # themselves; y must hold the residual stream first (o_proj's has_copy)
+    OpSpec("GEMV_SILU_MUL_DOWN", 15, "gemv", ("x", "w_gate", "w_up", "w_down"), ("y",),
+           ("row_start", "row_count", "k", "n", "has_norm", "out_n"), ("eps",), (("norm_w", "has_norm"),)),
 ]
 OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
 OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}
 assert len(OPCODE_BY_CODE) == len(_OPS), "duplicate opcode numbers"
 for _op in _OPS:
     assert len(_op.iparams) <= MAX_IPARAMS and len(_op.fparams) <= MAX_FPARAMS, _op.name
-    assert _op.max_inputs + len(_op.outputs) <= MAX_BUFS, _op.name
+    assert _op.max_inputs + _op.max_outputs <= MAX_BUFS, _op.name
 
 # ---------------------------------------------------------------------------------------------------------------
 # POD structs. Field order and types here ARE the layout; the header is generated from these.

@@ -89,15 +89,30 @@ def op_gemv(vm, t):
         vm.buf(s["y"])[r0:r0 + rn] += y
     else:
         vm.buf(s["y"])[r0:r0 + rn] = y
+    if t.params.get("has_copy"):     # the same rows into a second buffer
+        vm.buf(s["y_copy"])[r0:r0 + rn] = y
+
+
+def _silu_mul(vm, t, s) -> torch.Tensor:
+    """silu(Wg[r0:r0+rn] . f(x)) * (Wu[r0:r0+rn] . f(x)), fp32 [rn]."""
+    r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
+    x = _gemv_input(vm, t, s)
+    g = vm.buf(s["w_gate"])[r0:r0 + rn].float() @ x
+    u = vm.buf(s["w_up"])[r0:r0 + rn].float() @ x
+    return torch.nn.functional.silu(g) * u
 
 
 def op_gemv_silu_mul(vm, t):
     s = slot_map(t)
     r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
-    x = _gemv_input(vm, t, s)
-    g = vm.buf(s["w_gate"])[r0:r0 + rn].float() @ x
-    u = vm.buf(s["w_up"])[r0:r0 + rn].float() @ x
-    vm.buf(s["h"])[r0:r0 + rn] = torch.nn.functional.silu(g) * u
+    vm.buf(s["h"])[r0:r0 + rn] = _silu_mul(vm, t, s)
+
+
+def op_gemv_silu_mul_down(vm, t):
+    """y[0:out_n] += w_down . h for the tile's h (never written to memory); the GPU adds atomically."""
+    s = slot_map(t)
+    n = int(t.params["out_n"])
+    vm.buf(s["y"])[:n] += vm.buf(s["w_down"]).float() @ _silu_mul(vm, t, s)   # [out_n, rn] @ [rn]
 
 
 def _rotate(x1: torch.Tensor, x2: torch.Tensor, pos: int, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -270,7 +285,7 @@ REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SI
              "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode,
              "ATTN_PARTIAL": op_attn_partial, "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
              "ARGMAX_PARTIAL": op_argmax_partial, "ARGMAX_MERGE": op_argmax_merge,
-             "L2_PREFETCH": op_l2_prefetch}
+             "L2_PREFETCH": op_l2_prefetch, "GEMV_SILU_MUL_DOWN": op_gemv_silu_mul_down}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 
 

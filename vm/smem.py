@@ -58,7 +58,7 @@ def norm_floats(task) -> int:
     p = task.params
     if task.op == "RMSNORM":
         return _pad4(int(p["n"]))
-    if task.op in ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE") and int(p.get("has_norm", 0)):
+    if task.op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE") and int(p.get("has_norm", 0)):
         return _pad4(int(p["k"]))
     return 0
 
@@ -96,6 +96,8 @@ def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tu
                 + _pad4(merged_x_floats(p)))
     if task.op == "GEMV_SILU_MUL":
         return _pad4(int(p["k"])) + stash
+    if task.op == "GEMV_SILU_MUL_DOWN":   # x | the tile's SiLU*up rows (never streamed through the ring)
+        return _pad4(int(p["k"])) + _pad4(int(p["row_count"]))
     if task.op == "QKV_ROPE":
         return _pad4(int(p["k"])) + _pad4(int(p["head_count"]) * int(p["head_dim"])) + stash
     if task.op == "QK_NORM_ROPE":   # raw rows | q and k norm weights | inv_freq, all fp32

@@ -267,6 +267,27 @@ def _check_o_proj_by_group(p, v):
     assert _count(p, "QKV_ROPE") == _count(BASE, "QKV_ROPE")
 
 
+def _check_fuse_down(p, v):
+    assert v is True
+    mlp = [t for t in p.tasks if t.op == "GEMV_SILU_MUL_DOWN" and t.label.startswith("L0.")]
+    base_mlp = [t for t in BASE.tasks if t.op == "GEMV_SILU_MUL" and t.label.startswith("L0.")]
+    # one fused task per gate/up tile, same rows; no h buffer, no down tiles
+    assert [(t.params["row_start"], t.params["row_count"]) for t in mlp] == \
+        [(t.params["row_start"], t.params["row_count"]) for t in base_mlp]
+    assert _count(p, "GEMV_SILU_MUL") == 0 and not any(".down[" in t.label for t in p.tasks)
+    assert _count(p) == _count(BASE) - sum(".down[" in t.label for t in BASE.tasks)
+    x1 = {p.buffers[t.outputs[0]].name for t in mlp}
+    assert x1 == {"x1"} and all(t.params["out_n"] == C.hidden for t in mlp)
+    for t in mlp:   # the tile's own column block of down_proj
+        w = p.buffers[t.inputs[3]]
+        assert w.source == "model.layers.0.mlp.down_proj.weight"
+        assert w.cols == (t.params["row_start"], t.params["row_count"]) and w.shape == (C.hidden, t.params["row_count"])
+    o = [t for t in p.tasks if t.label.startswith("L0.o_proj")]   # o_proj seeds x1 with its output rows
+    assert o and all(t.params["has_copy"] == 1 and [p.buffers[b].name for b in t.outputs] == ["xmid0", "x1"]
+                     for t in o)
+    assert {t.out_counter for t in mlp} == {p.tasks[[i for i, q in enumerate(p.tasks) if q.label.startswith("L1.")][0]].waits[0].counter}
+
+
 def _check_mlp_prefetch_delay_ns(p, v):
     tasks = _prefetch_tasks(p)
     assert tasks and all(t.params["delay_ns"] == v for t in tasks)
@@ -299,7 +320,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait,
-              "o_proj_by_group": _check_o_proj_by_group}
+              "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down}
 
 
 def test_every_knob_has_an_alternative_value():

@@ -187,3 +187,11 @@ def test_early_kv_knob_overrides_the_estimate(policy):
                        for t in p.tasks]
     assert strip(progs["on"]) == strip(progs["off"]) == strip(progs["auto"])
     assert all(validate(p).ok for p in progs.values())
+
+
+@pytest.mark.parametrize("other", [{"fuse_residual": False}, {"o_proj_by_group": True}])
+def test_fuse_down_needs_whole_o_proj_rows(other):
+    """fuse_down seeds x_{l+1} from o_proj's fused residual rows: without them the lowering refuses, naming the knob
+    (the harness reports rejected_field 'fuse_down')."""
+    with pytest.raises(IRError, match=r"^fuse_down: needs o_proj to write whole rows"):
+        lower(load_model("toy"), TARGETS["h100"], {"fuse_down": True, **other})

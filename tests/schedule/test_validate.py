@@ -330,7 +330,8 @@ TOY_CONFIGS = [dict(), dict(num_sms=1), dict(num_sms=8, sm_assignment="round_rob
                dict(num_sms=5, fuse_norm=False, fuse_residual=False, sm_assignment="lpt"),
                dict(num_sms=16, gemv_rows=4, mlp_rows=8, lm_head_rows=16, qkv_heads=2),
                dict(num_sms=7, attn_splits=64, qkv_heads=4),
-               dict(num_sms=6, attn_splits=3, fuse_attn_merge=True, fuse_residual=False)]
+               dict(num_sms=6, attn_splits=3, fuse_attn_merge=True, fuse_residual=False),
+               dict(num_sms=6, fuse_down=True, mlp_rows=8)]
 
 
 @pytest.fixture(scope="module")
@@ -560,3 +561,40 @@ def test_weight_column_slice_checked():
     rejected(p, "cols (4, 3) must be")
     p.buffers[W] = Buffer(W, "w", BufferKind.WEIGHT, DType.F32, (N, N), "w", cols=(4, N))
     assert validate(p).ok
+
+
+# -- fused MLP tiles (fuse_down): o_proj's copy seeds x_{l+1}, the MLP tiles add into it ------------------------------
+def _fused(toy):
+    from schedule.lower import lower
+    p = lower(toy, TARGETS["h100"], ScheduleConfig(num_sms=6, fuse_down=True, mlp_rows=8), max_seq=64)
+    assert validate(p).ok
+    o = [t for t in p.tasks if t.label.startswith("L0.o_proj")]
+    mlp = [t for t in p.tasks if t.op == "GEMV_SILU_MUL_DOWN" and t.label.startswith("L0.")]
+    assert o and len(mlp) >= 2 and all(t.params["has_copy"] == 1 for t in o)
+    return p, o, mlp
+
+
+def test_fused_mlp_tile_without_the_seeding_copy_adds_into_scratch(toy):
+    p, o, mlp = _fused(toy)
+    o[0].params["has_copy"] = 0   # x1's first rows are never written before the MLP tiles add into them
+    o[0].outputs = o[0].outputs[:1]
+    rejected(p, "NaN-poisoned scratch", "GEMV_SILU_MUL_DOWN", "'x1'")
+
+
+def test_fused_mlp_tile_before_the_seeding_copy_is_a_race(toy):
+    p, o, mlp = _fused(toy)
+    mlp[0].waits = []   # may add into x1 before o_proj has written it
+    rejected(p, "accumulates into", f"task {mlp[0].id} (GEMV_SILU_MUL_DOWN", "'x1'")
+
+
+def test_fused_mlp_tile_shapes_and_copy_flags_checked(toy):
+    p, o, mlp = _fused(toy)
+    mlp[0].params["out_n"] -= 1
+    rejected(p, "'w_down' shape", "(out_n, row_count)")
+    p, o, mlp = _fused(toy)
+    o[0].params["has_copy"] = 0   # the second output without the flag
+    rejected(p, f"task {o[0].id} (GEMV", "outputs, opcode GEMV with these flags takes 1 (y)")
+    p, o, mlp = _fused(toy)
+    o[0].params["accumulate"], o[0].params["has_residual"] = 1, 0
+    o[0].inputs = o[0].inputs[:2]
+    rejected(p, "has_copy with accumulate")

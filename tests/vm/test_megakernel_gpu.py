@@ -340,6 +340,30 @@ def test_o_proj_by_group_matches_reference(name, dtype, splits):
     assert rel_err(got, plain) <= tol
 
 
+@pytest.mark.parametrize("name,dtype,cfg", [
+    ("llama-untied", "f32", {}), ("llama-untied", "bf16", {"balance_tiles": True}),   # 22-row tiles: scalar down
+    ("wide", "bf16", {"mlp_rows": 64}),     # down rows of 8 chunks, 4 rows per warp load (llama-3.2-1b's shape)
+    ("wide", "bf16", {"num_sms": 2}),       # 1024-row tiles: long down rows, the generic tile loop
+    ("hd256", "bf16", {"num_sms": 2}),      # 48-row tiles: 6 chunks per down row (8 lanes, 2 of them idle)
+    ("qwen3", "bf16", {}), ("odd", "f32", {})])
+def test_fused_mlp_tiles_match_reference(name, dtype, cfg):
+    """fuse_down: every MLP tile adds its share of down_proj into the next layer's residual stream (seeded by
+    o_proj's copy); the logits match the ReferenceVM and the program without the knob, to fp32 reordering (f32)
+    or bf16 tolerance, over several positions."""
+    g = graph(name, dtype)
+    outs = []
+    for fused in (True, False):
+        def check(prog):
+            assert any(t.op == "GEMV_SILU_MUL_DOWN" for t in prog.tasks) == fused
+            assert any(t.params.get("has_copy") for t in prog.tasks) == fused
+        outs.append(_four_steps(g, {**cfg, "fuse_down": fused}, check))
+    (got, want), (plain, _) = outs
+    assert torch.isfinite(got).all()
+    tol = 1e-5 if dtype == "f32" else 2e-2
+    assert rel_err(got, want) <= tol
+    assert rel_err(got, plain) <= tol
+
+
 def test_layout_drift_refuses_launch(monkeypatch):
     from vm import loader
     real = abi.layout_table()

@@ -3,10 +3,10 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 3
+#define AMK_ABI_VERSION 4
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 8
-#define AMK_MAX_IPARAMS 12
+#define AMK_MAX_IPARAMS 16
 #define AMK_MAX_FPARAMS 4
 #define AMK_MAX_PREFETCH 2
 
@@ -53,6 +53,7 @@
 #define AMK_OP_QK_NORM_ROPE 12
 #define AMK_OP_ARGMAX_PARTIAL 13
 #define AMK_OP_ARGMAX_MERGE 14
+#define AMK_OP_GEMV_SILU_MUL_DOWN 15
 
 #define AMK_EMBED_IP_COL_START 0
 #define AMK_EMBED_IP_COL_COUNT 1
@@ -80,6 +81,7 @@
 #define AMK_GEMV_IP_X_HEAD_DIM 9
 #define AMK_GEMV_IP_X_START 10
 #define AMK_GEMV_IP_ACCUMULATE 11
+#define AMK_GEMV_IP_HAS_COPY 12
 #define AMK_GEMV_FP_EPS 0
 #define AMK_GEMV_IN_X 0
 #define AMK_GEMV_IN_W 1
@@ -195,6 +197,19 @@
 #define AMK_ARGMAX_MERGE_IN_CAND 1
 #define AMK_ARGMAX_MERGE_N_REQUIRED_IN 2
 
+#define AMK_GEMV_SILU_MUL_DOWN_IP_ROW_START 0
+#define AMK_GEMV_SILU_MUL_DOWN_IP_ROW_COUNT 1
+#define AMK_GEMV_SILU_MUL_DOWN_IP_K 2
+#define AMK_GEMV_SILU_MUL_DOWN_IP_N 3
+#define AMK_GEMV_SILU_MUL_DOWN_IP_HAS_NORM 4
+#define AMK_GEMV_SILU_MUL_DOWN_IP_OUT_N 5
+#define AMK_GEMV_SILU_MUL_DOWN_FP_EPS 0
+#define AMK_GEMV_SILU_MUL_DOWN_IN_X 0
+#define AMK_GEMV_SILU_MUL_DOWN_IN_W_GATE 1
+#define AMK_GEMV_SILU_MUL_DOWN_IN_W_UP 2
+#define AMK_GEMV_SILU_MUL_DOWN_IN_W_DOWN 3
+#define AMK_GEMV_SILU_MUL_DOWN_N_REQUIRED_IN 4
+
 typedef struct AmkInstr {
   int32_t op;
   int32_t out_counter;
@@ -203,7 +218,7 @@ typedef struct AmkInstr {
   int32_t wait_counter[4];
   int32_t wait_threshold[4];
   int32_t buf[8];
-  int32_t ip[12];
+  int32_t ip[16];
   float fp[4];
   int32_t task_id;
   int32_t flags;
@@ -211,7 +226,7 @@ typedef struct AmkInstr {
   uint64_t prefetch_ptr[2];
   int64_t prefetch_bytes[2];
 } AmkInstr;
-static_assert(sizeof(AmkInstr) == 192, "AmkInstr size drifted from vm/abi.py");
+static_assert(sizeof(AmkInstr) == 208, "AmkInstr size drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, op) == 0, "AmkInstr.op offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, out_counter) == 4, "AmkInstr.out_counter offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, n_waits) == 8, "AmkInstr.n_waits offset drifted from vm/abi.py");
@@ -220,12 +235,12 @@ static_assert(offsetof(AmkInstr, wait_counter) == 16, "AmkInstr.wait_counter off
 static_assert(offsetof(AmkInstr, wait_threshold) == 32, "AmkInstr.wait_threshold offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, buf) == 48, "AmkInstr.buf offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, ip) == 80, "AmkInstr.ip offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, fp) == 128, "AmkInstr.fp offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, task_id) == 144, "AmkInstr.task_id offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, flags) == 148, "AmkInstr.flags offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, next_preload) == 152, "AmkInstr.next_preload offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_ptr) == 160, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_bytes) == 176, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, fp) == 144, "AmkInstr.fp offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, task_id) == 160, "AmkInstr.task_id offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, flags) == 164, "AmkInstr.flags offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, next_preload) == 168, "AmkInstr.next_preload offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_ptr) == 176, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_bytes) == 192, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
 
 typedef struct AmkBufDesc {
   uint64_t ptr;

@@ -63,6 +63,8 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
              (in.ip[AMK_GEMV_IP_HAS_RESIDUAL] ? amk_pad4(in.ip[AMK_GEMV_IP_ROW_COUNT]) : 0) +
              amk_pad4(amk_merged_x_floats(in));
     case AMK_OP_GEMV_SILU_MUL: return amk_pad4(in.ip[AMK_GEMV_SILU_MUL_IP_K]) + stash;
+    case AMK_OP_GEMV_SILU_MUL_DOWN:  // x | the tile's SiLU*up rows (never streamed)
+      return amk_pad4(in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_K]) + amk_pad4(in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_ROW_COUNT]);
     case AMK_OP_QKV_ROPE:
       return amk_pad4(in.ip[AMK_QKV_ROPE_IP_K]) +
              amk_pad4(in.ip[AMK_QKV_ROPE_IP_HEAD_COUNT] * in.ip[AMK_QKV_ROPE_IP_HEAD_DIM]) + stash;
@@ -94,6 +96,7 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
     case AMK_OP_RMSNORM: amk_op_rmsnorm(c); break;
     case AMK_OP_GEMV: amk_op_gemv(c); break;
     case AMK_OP_GEMV_SILU_MUL: amk_op_gemv_silu_mul(c); break;
+    case AMK_OP_GEMV_SILU_MUL_DOWN: amk_op_gemv_silu_mul_down(c); break;
     case AMK_OP_QKV_ROPE: amk_op_qkv_rope(c); break;
     case AMK_OP_QK_NORM_ROPE: amk_op_qk_norm_rope(c); break;
     case AMK_OP_ATTN_DECODE: amk_op_attn(c, false); break;

@@ -13,6 +13,9 @@ __device__ __forceinline__ int amk_norm_slot(const AmkInstr& in, int& K) {
     case AMK_OP_GEMV_SILU_MUL:
       K = in.ip[AMK_GEMV_SILU_MUL_IP_K];
       return in.ip[AMK_GEMV_SILU_MUL_IP_HAS_NORM] ? AMK_GEMV_SILU_MUL_N_REQUIRED_IN : -1;
+    case AMK_OP_GEMV_SILU_MUL_DOWN:
+      K = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_K];
+      return in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_HAS_NORM] ? AMK_GEMV_SILU_MUL_DOWN_N_REQUIRED_IN : -1;
     case AMK_OP_QKV_ROPE:
       K = in.ip[AMK_QKV_ROPE_IP_K];
       return in.ip[AMK_QKV_ROPE_IP_HAS_NORM] ? AMK_QKV_ROPE_N_REQUIRED_IN : -1;

@@ -99,6 +99,58 @@ __device__ __forceinline__ void amk_dot(const char* const (&rows)[R], const floa
   else amk_dot_scalar<T, R>(rows, xs, K, lane0, lstep, acc);  // global weights only (odd K is never streamed)
 }
 
+// Short rows (nc <= 32 16-byte chunks each, a vec tile): L = nc rounded up to a power of two lanes per row, 32 / L
+// rows per warp load, RS loads per lane in flight (warp w takes rows w*RS*32/L.. of every block step). Per row
+// the sum is the pair loop's: each lane's one chunk, then the butterfly over the row's lanes (the lanes the pair
+// loop adds beyond them hold zeros), so the bits are the same. epi(r, acc[1]) once per row, by the row's first lane.
+// sync_first: a block barrier after the first loads are issued (xs is written before it: the fused MLP tile's h),
+// so their round trip overlaps the slowest warp's tail; every thread must call it then. rot (0 <= rot < rn): the rows
+// are taken in the order rot, rot+1, ..., rn-1, 0, ... (fused MLP tiles start their atomic adds at different rows).
+template <class T, int RS, class Src, class Epi>
+__device__ __forceinline__ void amk_short_rows(const char* W, size_t rs, const float* __restrict__ xs, int nc, int rn,
+                                               const Src& src, bool sync_first, int rot, Epi epi) {
+  const int warp = amk_warp(), lane = amk_lane();
+  int L = 1;
+  while (L < nc) L <<= 1;
+  const int rpi = 32 / L, sub = lane / L, cc = lane - sub * L;
+  bool first = sync_first;
+  for (int rb = warp * RS * rpi; rb < rn || first; rb += AMK_NWARPS * RS * rpi) {
+    uint4 v[RS];
+#pragma unroll
+    for (int u = 0; u < RS; ++u) {
+      int r = rb + u * rpi + sub;
+      r = r < rn ? r : rn - 1;
+      r = r + rot < rn ? r + rot : r + rot - rn;
+      v[u] = cc < nc ? src.ld(W + (size_t)r * rs + (size_t)cc * 16) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (first) {
+      __syncthreads();
+      first = false;
+      if (rb >= rn) break;
+    }
+    float acc[RS];
+#pragma unroll
+    for (int u = 0; u < RS; ++u) acc[u] = 0.f;
+    if (cc < nc) {
+      float xf[T::VE];
+      amk_x_chunk<T>(xs, nc, cc, xf);
+#pragma unroll
+      for (int u = 0; u < RS; ++u) amk_fma_chunk<T>(v[u], xf, acc[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < RS; ++u)
+      for (int o = L >> 1; o > 0; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+    if (cc == 0) {
+#pragma unroll
+      for (int u = 0; u < RS; ++u) {
+        const int r = rb + u * rpi + sub;
+        const float a[1] = {acc[u]};
+        if (r < rn) epi(r + rot < rn ? r + rot : r + rot - rn, a);
+      }
+    }
+  }
+}
+
 // NM weight matrices (1 = GEMV, 2 = gate/up) with rn rows each, starting at byte pointers W[m] (row stride K elems).
 // epi(r, acc[NM]) is called exactly once per row r in [0, rn) by one thread. No trailing barrier.
 template <class T, int NM, class Src, class Epi>
@@ -111,28 +163,11 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
   for (int m = 0; m < NM; ++m) vec = vec && amk_aligned16(W[m]);
   int wpr = rn > 0 ? AMK_NWARPS / rn : 1;  // warps per row
   if constexpr (NM == 1) {
-    // Short rows (one 16-byte chunk per lane covers the row: o_proj split by KV group has K = group * head_dim):
-    // AMK_RS rows per warp in flight at once instead of two (the pair loop below would take rn / 32 round trips).
-    // Per row the same order as the pair loop: each lane's chunk, then the warp sum.
+    // Short rows (one 16-byte chunk per lane covers the row: o_proj split by KV group has K = group * head_dim, a
+    // fused MLP tile's down block K = its rows): several rows per warp load, AMK_RS loads per lane in flight (the
+    // pair loop below would take rn / 32 round trips with most lanes idle).
     if (vec && K / T::VE <= 32 && rn >= 2 * AMK_NWARPS) {
-      for (int rb = warp * AMK_RS; rb < rn; rb += AMK_NWARPS * AMK_RS) {
-        const char* rows[AMK_RS];
-#pragma unroll
-        for (int j = 0; j < AMK_RS; ++j) rows[j] = W[0] + (size_t)(rb + j < rn ? rb + j : rn - 1) * rs;
-        float acc[AMK_RS];
-#pragma unroll
-        for (int j = 0; j < AMK_RS; ++j) acc[j] = 0.f;
-        amk_dot_vec<T, AMK_RS, 1>(rows, xs, K / T::VE, lane, 32, src, acc);
-#pragma unroll
-        for (int j = 0; j < AMK_RS; ++j) acc[j] = amk_warp_sum(acc[j]);
-        if (lane == 0) {
-#pragma unroll
-          for (int j = 0; j < AMK_RS; ++j) {
-            const float a[1] = {acc[j]};
-            if (rb + j < rn) epi(rb + j, a);
-          }
-        }
-      }
+      amk_short_rows<T, AMK_RS>(W[0], rs, xs, K / T::VE, rn, src, false, 0, epi);
       return;
     }
   }
@@ -294,10 +329,11 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
 // Per-dtype bodies are separate (noinline) functions: each gets its own register allocation.
 // res_s: the task's residual rows staged in smem (null without residual).
 // accumulate: y[r] += v with an atomic fp32 add (GEMV param accumulate; o_proj split by KV group).
+// ycopy (GEMV has_copy, never with accumulate): the row's value also goes there.
 template <class T>
 __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
                                            const char* wbase, const void* bias, int bias_dt, const float* res_s,
-                                           float* y, float xr, bool accumulate) {
+                                           float* y, float* ycopy, float xr, bool accumulate) {
   const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
   amk_gemv_rows<T, 1>(c, W, K, rn, xs, c.smem + amk_pad4(K), [&](int r, const float (&a)[1]) {
     float v = a[0] * xr;
@@ -305,6 +341,7 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
     if (res_s) v += res_s[r];
     if (accumulate) atomicAdd(y + r0 + r, v);
     else y[r0 + r] = v;
+    if (ycopy) ycopy[r0 + r] = v;
   });
 }
 
@@ -389,7 +426,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT], K = in.ip[AMK_GEMV_IP_K];
   const bool has_norm = in.ip[AMK_GEMV_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_GEMV_IP_HAS_BIAS] != 0,
-             has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0;
+             has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0, has_copy = in.ip[AMK_GEMV_IP_HAS_COPY] != 0;
   int s = AMK_GEMV_N_REQUIRED_IN;
   if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
   const int s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
@@ -407,7 +444,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   if (AMK_GROUP_EARLY && in.ip[AMK_GEMV_IP_X_SPLITS] > 0 && in.ip[AMK_GEMV_IP_ACCUMULATE] != 0 && !has_bias &&
-      !has_res && (in.flags & (AMK_INSTR_FLAG_STREAM | AMK_INSTR_FLAG_PRELOAD)) == 0 && rn >= 2 * AMK_NWARPS &&
+      !has_res && !has_copy && (in.flags & (AMK_INSTR_FLAG_STREAM | AMK_INSTR_FLAG_PRELOAD)) == 0 && rn >= 2 * AMK_NWARPS &&
       amk_aligned16(wbase) && amk_aligned16(x)) {
     bool done = false;  // (x_splits rules out has_norm)
     amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
@@ -429,8 +466,9 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
+  float* ycopy = has_copy ? (float*)amk_ptr(c, s_y + 1) : nullptr;
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
-    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, xr,
+    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, ycopy, xr,
                                  in.ip[AMK_GEMV_IP_ACCUMULATE] != 0);
   });
 }
@@ -464,5 +502,70 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   // gate and up share the program's dtype; the gate's descriptor decides.
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_SILU_MUL_IN_W_GATE), [&](auto tag) {
     amk_silu_body<decltype(tag)>(c, xs, r0, rn, K, g0, u0, h, xr);
+  });
+}
+
+// Build switches of the fused MLP tile's down part (docs/PERF.md, nineteenth session): AMK_DOWN_PF_KB, KB of the
+// down block asked into L2 when the task starts (0 = none); AMK_DOWN_RS, loads per lane in flight; AMK_DOWN_ROT,
+// rotated row order per tile (1) or every tile from row 0 (0).
+#ifndef AMK_DOWN_PF_KB
+#define AMK_DOWN_PF_KB 0
+#endif
+#ifndef AMK_DOWN_RS
+#define AMK_DOWN_RS AMK_RS
+#endif
+#ifndef AMK_DOWN_ROT
+#define AMK_DOWN_ROT 1
+#endif
+
+// GEMV_SILU_MUL_DOWN: the gate/up rows of the tile as GEMV_SILU_MUL computes them, kept in shared memory (hs, in
+// the staged-x layout of a length-rn input), then y[0:N] += Wd . hs (Wd: the tile's [N, rn] column block of
+// down_proj, contiguous) with atomic fp32 adds. Each warp issues its first down rows before the barrier that
+// completes hs, so their round trip overlaps the gate/up tail.
+template <class T>
+__device__ __noinline__ void amk_silu_down_body(const AmkCtx& c, const float* xs, float* hs, int r0, int rn, int K,
+                                                const char* g0, const char* u0, const char* wd, int N, float* y,
+                                                float xr) {
+  const size_t off = (size_t)r0 * K * T::BYTES;
+  const char* W[2] = {g0 + off, u0 + off};
+  if (AMK_DOWN_PF_KB > 0) {  // the down block's head into L2 now: its loads then hit L2 after the gate/up stream
+    const int64_t db = (int64_t)N * rn * T::BYTES, cap = (int64_t)AMK_DOWN_PF_KB * 1024;
+    amk_prefetch_range((uint64_t)wd, db < cap ? db : cap);
+  }
+  float* hsm = amk_in_smem(hs);
+  const bool hsplit = amk_x_split(T::BYTES, rn);
+  amk_gemv_rows<T, 2>(c, W, K, rn, xs, hsm, [&](int r, const float (&a)[2]) {
+    hsm[amk_xpos(r, rn, hsplit)] = amk_silu(a[0] * xr) * (a[1] * xr);
+  });
+  const AmkSrcGlobal src{amk_policy_evict_first()};
+  auto add = [&](int r, const float (&a)[1]) { atomicAdd(y + r, a[0]); };
+  if (rn % T::VE == 0 && rn / T::VE <= 32 && amk_aligned16(wd)) {
+    // each tile starts its adds 16 rows further on, so a layer's tiles do not all add into the same rows at once
+    const int rot = AMK_DOWN_ROT ? (int)(((int64_t)(r0 / rn) * 16) % N) : 0;
+    amk_short_rows<T, AMK_DOWN_RS>(wd, (size_t)rn * T::BYTES, hsm, rn / T::VE, N, src, true, rot, add);
+  } else {
+    __syncthreads();
+    const char* Wd[1] = {wd};
+    amk_gemv_tile<T, 1>(c, Wd, rn, N, hsm, src, add);
+  }
+  amk_mark(c, 3);
+}
+
+__device__ __noinline__ void amk_op_gemv_silu_mul_down(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int r0 = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_ROW_START], rn = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_ROW_COUNT];
+  const int K = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_K], N = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_OUT_N];
+  const bool has_norm = in.ip[AMK_GEMV_SILU_MUL_DOWN_IP_HAS_NORM] != 0;
+  const int s_y = AMK_GEMV_SILU_MUL_DOWN_N_REQUIRED_IN + (has_norm ? 1 : 0);
+  float* xs = c.smem;  // [pad4(K)] | hs [pad4(rn)]
+  const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_DOWN_IN_X), K, xs,
+                               has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_DOWN_FP_EPS],
+                               amk_x_split(c, AMK_GEMV_SILU_MUL_DOWN_IN_W_GATE, K));
+  const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_DOWN_IN_W_GATE);
+  const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_DOWN_IN_W_UP);
+  const char* wd = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_DOWN_IN_W_DOWN);
+  float* y = (float*)amk_ptr(c, s_y);
+  amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_SILU_MUL_DOWN_IN_W_GATE), [&](auto tag) {
+    amk_silu_down_body<decltype(tag)>(c, xs, xs + amk_pad4(K), r0, rn, K, g0, u0, wd, N, y, xr);
   });
 }
