@@ -92,8 +92,10 @@ KNOBS: tuple[Knob, ...] = (
          doc="down_proj split-K into the MLP tiles: each gate/up task keeps its SiLU*up rows on chip and adds "
              "W_down[:, its rows] . h into the next layer's residual stream (atomic fp32 adds; the o_proj tiles seed "
              "it with their output rows), so no h buffer and no down-proj hop remain; W_down is stored as one "
-             "contiguous column block per tile. Needs fuse_residual and not o_proj_by_group. Sums in whatever order "
-             "the tasks finish: not bit-reproducible"),
+             "contiguous column block per tile. Only with fuse_residual and without o_proj_by_group (they leave no whole "
+             "o_proj rows to seed it; the down tiles stay then). Sums in whatever order "
+             "the tasks finish: not bit-reproducible. Off by default: on an H100 qwen3-0.6b -1.1%, llama-3.2-1b "
+             "-0.1% to +2% (build noise), llama-3.1-8b +4.6% (docs/PERF.md, nineteenth session)"),
     Knob("attn_wait", str, "group", choices=("group", "layer"),
          doc="what a layer's attention tasks wait for: their own KV group's QKV tasks ('group': each group's "
              "attention starts as soon as its q, K and V rows are written) or every QKV task of the layer ('layer': "

@@ -259,6 +259,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
             for m in "qkv"} if c.attn_bias else {}
     qkn = {m: b.weight(p + f"self_attn.{m}_norm.weight", (hd,)) for m in "qk"} if c.qk_norm else {}
     by_group = cfg.o_proj_by_group
+    # fuse_down acts where o_proj writes whole rows of the residual stream (its tiles seed x_{l+1})
+    fuse_down = cfg.fuse_down and cfg.fuse_residual and not by_group
     c_attn = None if by_group else b.counter(f"attn{l}")   # o_proj split by KV group, adding into x in place (_o_proj_by_group)
     partial = b.act(f"attn_partial{l}", nkv * splits * G * (hd + 2)) if splits > 1 or by_group else None
     # o_proj merges the partials itself (no ATTN_MERGE hop) where they fit its shared memory next to x and the
@@ -358,11 +360,11 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         xmid, c_mid = b.act(f"xmid{l}", H), b.counter(f"xmid{l}")
         wo = b.weight(p + "self_attn.o_proj.weight", (H, c.n_heads * hd))
         _residual_gemv(b, cfg, partial if merge else attn, wo, x, xmid, H, c.n_heads * hd, c_attn, c_mid,
-                       f"L{l}.o_proj", merge=merge, copy=xnext if cfg.fuse_down else None)
+                       f"L{l}.o_proj", merge=merge, copy=xnext if fuse_down else None)
     xin2, cin2, nw2 = _norm_input(b, cfg, xmid, c_mid, p + "post_attention_layernorm.weight", c, f"xn_mlp{l}")
     norm = [nw2] if nw2 is not None else []
     gp = {"k": H, "n": c.intermediate, "has_norm": int(nw2 is not None), "eps": c.rms_eps}
-    if cfg.fuse_down:   # each MLP tile adds W_down[:, its rows] . h into x_{l+1}: no h buffer, no down hop
+    if fuse_down:   # each MLP tile adds W_down[:, its rows] . h into x_{l+1}: no h buffer, no down hop
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
             wdb = b.weight(p + "mlp.down_proj.weight", (H, rn), cols=(r0, rn))
             b.task("GEMV_SILU_MUL_DOWN", [xin2, wg, wu, wdb] + norm, [xnext],
@@ -455,9 +457,6 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
     if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
-    if cfg.fuse_down and (cfg.o_proj_by_group or not cfg.fuse_residual):
-        raise IRError("fuse_down: needs o_proj to write whole rows of the residual stream (fuse_residual true, "
-                      "o_proj_by_group false): its tiles seed x_{l+1} for the MLP tiles to add into")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
     hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)  # per head
