@@ -103,28 +103,28 @@ __device__ __forceinline__ void amk_dot(const char* const (&rows)[R], const floa
 // rows per warp load, RS loads per lane in flight (warp w takes rows w*RS*32/L.. of every block step). Per row
 // the sum is the pair loop's: each lane's one chunk, then the butterfly over the row's lanes (the lanes the pair
 // loop adds beyond them hold zeros), so the bits are the same. epi(r, acc[1]) once per row, by the row's first lane.
-// sync_first: a block barrier after the first loads are issued (xs is written before it: the fused MLP tile's h),
-// so their round trip overlaps the slowest warp's tail; every thread must call it then. rot (0 <= rot < rn): the rows
-// are taken in the order rot, rot+1, ..., rn-1, 0, ... (fused MLP tiles start their atomic adds at different rows).
-template <class T, int RS, class Src, class Epi>
-__device__ __forceinline__ void amk_short_rows(const char* W, size_t rs, const float* __restrict__ xs, int nc, int rn,
-                                               const Src& src, bool sync_first, int rot, Epi epi) {
+// has_pre: every thread runs pre() once, after its first loads are issued and before xs is read (pre ends with a
+// block barrier: the fused MLP tile's wait for its h), so the weights' round trip overlaps it; every thread must
+// call the function then. (amk_gemv_group_body keeps its own copy of this order: as a pre step of this loop its
+// merged-input staging measured 2% slower on llama-3.2-1b, docs/PERF.md nineteenth session.)
+template <class T, int RS, class Src, class Pre, class Epi>
+__device__ __forceinline__ void amk_short_rows(const char* W, size_t rs, const float* xs, int nc, int rn,
+                                               const Src& src, bool has_pre, Pre pre, Epi epi) {
   const int warp = amk_warp(), lane = amk_lane();
   int L = 1;
   while (L < nc) L <<= 1;
   const int rpi = 32 / L, sub = lane / L, cc = lane - sub * L;
-  bool first = sync_first;
+  bool first = has_pre;
   for (int rb = warp * RS * rpi; rb < rn || first; rb += AMK_NWARPS * RS * rpi) {
     uint4 v[RS];
 #pragma unroll
     for (int u = 0; u < RS; ++u) {
       int r = rb + u * rpi + sub;
       r = r < rn ? r : rn - 1;
-      r = r + rot < rn ? r + rot : r + rot - rn;
       v[u] = cc < nc ? src.ld(W + (size_t)r * rs + (size_t)cc * 16) : make_uint4(0u, 0u, 0u, 0u);
     }
     if (first) {
-      __syncthreads();
+      pre();
       first = false;
       if (rb >= rn) break;
     }
@@ -137,15 +137,16 @@ __device__ __forceinline__ void amk_short_rows(const char* W, size_t rs, const f
 #pragma unroll
       for (int u = 0; u < RS; ++u) amk_fma_chunk<T>(v[u], xf, acc[u]);
     }
+    for (int o = L >> 1; o > 0; o >>= 1) {  // the RS rows' shuffles of one level are independent: issued together
 #pragma unroll
-    for (int u = 0; u < RS; ++u)
-      for (int o = L >> 1; o > 0; o >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+      for (int u = 0; u < RS; ++u) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
+    }
     if (cc == 0) {
 #pragma unroll
       for (int u = 0; u < RS; ++u) {
         const int r = rb + u * rpi + sub;
         const float a[1] = {acc[u]};
-        if (r < rn) epi(r + rot < rn ? r + rot : r + rot - rn, a);
+        if (r < rn) epi(r, a);
       }
     }
   }
@@ -167,7 +168,7 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
     // fused MLP tile's down block K = its rows): several rows per warp load, AMK_RS loads per lane in flight (the
     // pair loop below would take rn / 32 round trips with most lanes idle).
     if (vec && K / T::VE <= 32 && rn >= 2 * AMK_NWARPS) {
-      amk_short_rows<T, AMK_RS>(W[0], rs, xs, K / T::VE, rn, src, false, 0, epi);
+      amk_short_rows<T, AMK_RS>(W[0], rs, xs, K / T::VE, rn, src, false, [] {}, epi);
       return;
     }
   }
@@ -505,17 +506,10 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   });
 }
 
-// Build switches of the fused MLP tile's down part (docs/PERF.md, nineteenth session): AMK_DOWN_PF_KB, KB of the
-// down block asked into L2 when the task starts (0 = none); AMK_DOWN_RS, loads per lane in flight; AMK_DOWN_ROT,
-// rotated row order per tile (1) or every tile from row 0 (0).
-#ifndef AMK_DOWN_PF_KB
-#define AMK_DOWN_PF_KB 0
-#endif
+// Build switch of the fused MLP tile's down part: loads per lane in flight (docs/PERF.md, nineteenth session: 16 and
+// 4 measured slower or equal on llama-3.2-1b, H100).
 #ifndef AMK_DOWN_RS
 #define AMK_DOWN_RS AMK_RS
-#endif
-#ifndef AMK_DOWN_ROT
-#define AMK_DOWN_ROT 1
 #endif
 
 // GEMV_SILU_MUL_DOWN: the gate/up rows of the tile as GEMV_SILU_MUL computes them, kept in shared memory (hs, in
@@ -528,10 +522,6 @@ __device__ __noinline__ void amk_silu_down_body(const AmkCtx& c, const float* xs
                                                 float xr) {
   const size_t off = (size_t)r0 * K * T::BYTES;
   const char* W[2] = {g0 + off, u0 + off};
-  if (AMK_DOWN_PF_KB > 0) {  // the down block's head into L2 now: its loads then hit L2 after the gate/up stream
-    const int64_t db = (int64_t)N * rn * T::BYTES, cap = (int64_t)AMK_DOWN_PF_KB * 1024;
-    amk_prefetch_range((uint64_t)wd, db < cap ? db : cap);
-  }
   float* hsm = amk_in_smem(hs);
   const bool hsplit = amk_x_split(T::BYTES, rn);
   amk_gemv_rows<T, 2>(c, W, K, rn, xs, hsm, [&](int r, const float (&a)[2]) {
@@ -540,9 +530,8 @@ __device__ __noinline__ void amk_silu_down_body(const AmkCtx& c, const float* xs
   const AmkSrcGlobal src{amk_policy_evict_first()};
   auto add = [&](int r, const float (&a)[1]) { atomicAdd(y + r, a[0]); };
   if (rn % T::VE == 0 && rn / T::VE <= 32 && amk_aligned16(wd)) {
-    // each tile starts its adds 16 rows further on, so a layer's tiles do not all add into the same rows at once
-    const int rot = AMK_DOWN_ROT ? (int)(((int64_t)(r0 / rn) * 16) % N) : 0;
-    amk_short_rows<T, AMK_DOWN_RS>(wd, (size_t)rn * T::BYTES, hsm, rn / T::VE, N, src, true, rot, add);
+    amk_short_rows<T, AMK_DOWN_RS>(wd, (size_t)rn * T::BYTES, hsm, rn / T::VE, N, src, true, [] { __syncthreads(); },
+                                   add);
   } else {
     __syncthreads();
     const char* Wd[1] = {wd};
