@@ -12,9 +12,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                                                    with fuse_attn_merge each o_proj task merges the partials itself;
                                                    with o_proj_by_group: x_l += W_o[:, group g] . merge(g's partials),
                                                    tiles per KV group adding atomically into x_l (= xmid_l)
-                   [L2_PREFETCH per gate/up tile: the tile's first mlp_prefetch_kb KB into L2, released by
-                    the layer input, the last QKV group or attention (mlp_prefetch_at): HBM is mostly idle
-                    during the attention hops]
+                   [L2_PREFETCH per gate/up tile: mlp_prefetch_kb KB of the tile into L2 (its gate rows first,
+                    or the heads of both matrices: mlp_prefetch_from), released by the layer input, the last QKV
+                    group or attention (mlp_prefetch_at): HBM is mostly idle during the attention hops]
                    GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
                    GEMV down tiles + residual   -> x_{l+1}
                    (fuse_down: GEMV_SILU_MUL_DOWN tiles instead, each adding W_down[:, its rows] . h into x_{l+1},
@@ -346,11 +346,16 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
         trigger = {"layer": cin, "qkv": c_qks[-1],   # the last group's q and K
                    "attn": c_groups[-1] if by_group else c_attn}[cfg.mlp_prefetch_at]
-        per_matrix = cfg.mlp_prefetch_kb * 1024 // 2 // b.dtype.nbytes   # elements of each of gate and up
+        total = cfg.mlp_prefetch_kb * 1024 // b.dtype.nbytes   # elements asked for per tile
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
-            n = min(rn * H, per_matrix)
-            b.task("L2_PREFETCH", [wg, wu], [], {"start_a": r0 * H, "count_a": n, "has_b": 1, "start_b": r0 * H,
-                                                 "count_b": n, "delay_ns": cfg.mlp_prefetch_delay_ns},
+            if cfg.mlp_prefetch_from == "gate":   # the gate rows first: every warp load pairs an L2 hit with a miss
+                na = min(rn * H, total)
+                nb = min(rn * H, total - na)
+            else:                                  # "both": the head of the gate rows and of the up rows
+                na = nb = min(rn * H, total // 2)
+            b.task("L2_PREFETCH", [wg, wu] if nb else [wg], [],
+                   {"start_a": r0 * H, "count_a": na, "has_b": int(nb > 0), "start_b": r0 * H if nb else 0,
+                    "count_b": nb, "delay_ns": cfg.mlp_prefetch_delay_ns},
                    [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
     xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
     if by_group:   # x += W_o . attn, one column block per KV group: x is this layer's xmid from here on

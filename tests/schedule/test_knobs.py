@@ -203,21 +203,43 @@ def _prefetch_tasks(p):
     return [t for t in p.tasks if t.op == "L2_PREFETCH"]
 
 
-def _check_mlp_prefetch_kb(p, v):
+def _check_mlp_prefetch_kb(p, v, mode=None):
     tasks = _prefetch_tasks(p)
     gate_up = [t for t in p.tasks if t.op == "GEMV_SILU_MUL"]
     if v == 0:   # off: no prefetch tasks at all
         assert not tasks and gate_up
         return
+    mode = mode or p.config["mlp_prefetch_from"]
     assert len(tasks) == len(gate_up)   # one per gate/up tile
     K = p.meta["hidden"]
-    per_matrix = v * 1024 // 2 // p.buffers[gate_up[0].inputs[1]].dtype.nbytes   # elements of each of gate and up
+    total = v * 1024 // p.buffers[gate_up[0].inputs[1]].dtype.nbytes   # elements asked for per tile
     heads = {(g.label.split(".")[0], g.params["row_start"] * K): g for g in gate_up}
-    for t in tasks:   # the head of one gate/up tile, in both matrices, capped at the tile
+    for t in tasks:   # rows of one gate/up tile, capped at the tile
         g = heads[(t.label.split(".")[0], t.params["start_a"])]
-        assert t.params["start_b"] == t.params["start_a"]
-        assert t.params["count_a"] == t.params["count_b"] == min(per_matrix, g.params["row_count"] * K)
-        assert t.inputs == g.inputs[1:3] and t.outputs == [] and t.out_counter == -1
+        tile = g.params["row_count"] * K
+        if mode == "both":   # the head of the tile in both matrices
+            assert t.params["start_b"] == t.params["start_a"]
+            assert t.params["count_a"] == t.params["count_b"] == min(total // 2, tile)
+            assert t.inputs == g.inputs[1:3]
+        else:                # its gate rows first, the rest from the head of its up rows
+            assert t.params["count_a"] == min(total, tile)
+            assert t.params["count_b"] == min(max(total - tile, 0), tile)
+            assert t.params["has_b"] == int(t.params["count_b"] > 0)
+            assert t.inputs == g.inputs[1:2 + t.params["has_b"]]
+            if t.params["has_b"]:
+                assert t.params["start_b"] == t.params["start_a"]
+        assert t.outputs == [] and t.out_counter == -1
+
+
+def _check_mlp_prefetch_from(p, v):
+    assert v == "both"
+    _check_mlp_prefetch_kb(p, p.config["mlp_prefetch_kb"], "both")
+    # the default ('gate') asks for the same bytes per tile, more of them from the gate rows
+    base = lower(WIDE["mlp_prefetch_from"], H100, {**defaults(), **REQUIRES["mlp_prefetch_from"]}, max_seq=64)
+    _check_mlp_prefetch_kb(base, base.config["mlp_prefetch_kb"], "gate")
+    for a, b in zip(_prefetch_tasks(base), _prefetch_tasks(p)):
+        assert a.params["count_a"] + a.params["count_b"] == b.params["count_a"] + b.params["count_b"]
+        assert a.params["count_a"] > b.params["count_a"]
 
 
 def _check_mlp_prefetch_at(p, v):
@@ -307,16 +329,18 @@ def _check_balance_tiles(p, v):
 
 # knobs that act only together with another one: both sides of the comparison carry these values
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
-REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
+REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64},
+            "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
-WIDE = {"mlp_prefetch_kb": _LLAMA1B, "lm_head_rows": _LLAMA1B}
+WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B}
 
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
               "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
+              "mlp_prefetch_from": _check_mlp_prefetch_from,
               "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait,
