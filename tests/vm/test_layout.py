@@ -188,9 +188,14 @@ def test_builds_are_per_dtype_set():
     assert jit.spec_for(arch="sm_90a", attn_early=True).digest() != jit.spec_for(arch="sm_90a").digest()
 
 
-def test_l2_prefetch_instructions_carry_their_ranges():
+@pytest.mark.parametrize("kb,frm,want", [
+    (128, "both", [65536, 65536]),     # 64 KB of the gate rows and 64 KB of the up rows, from the tile's first row
+    (128, "gate", [131072, 0]),        # gate rows only: the task has no second weight input
+    (384, "gate", [262144, 131072]),   # the whole 256 KB gate tile (64 rows x 2048 bf16), then 128 KB of up rows
+])
+def test_l2_prefetch_instructions_carry_their_ranges(kb, frm, want):
     g = load_model("llama-3.2-1b", dtype="bf16", device="meta")
-    prog = lower(g, get_target("h100"), {"mlp_prefetch_kb": 128}, max_seq=64)
+    prog = lower(g, get_target("h100"), {"mlp_prefetch_kb": kb, "mlp_prefetch_from": frm}, max_seq=64)
     base = 1 << 20
     ptr = lambda bid: base * (bid + 1)  # noqa: E731
     instrs = pack_instructions(prog, ptr)
@@ -202,10 +207,10 @@ def test_l2_prefetch_instructions_carry_their_ranges():
         n += 1
         r = instrs[i]
         assert r["op"] == abi.OPCODES["L2_PREFETCH"].code and r["out_counter"] == -1
-        # 64 KB of the gate rows and 64 KB of the up rows, both starting at the tile's first row
-        assert list(r["prefetch_bytes"]) == [65536, 65536]
+        assert [int(b) for b in r["prefetch_bytes"]] == want
         assert int(r["prefetch_ptr"][0]) == ptr(t.inputs[0]) + t.params["start_a"] * 2
-        assert int(r["prefetch_ptr"][1]) == ptr(t.inputs[1]) + t.params["start_b"] * 2
+        if want[1]:
+            assert int(r["prefetch_ptr"][1]) == ptr(t.inputs[1]) + t.params["start_b"] * 2
         assert t.params["start_a"] % K == 0
     assert n == 16 * (8192 // 64)
 
