@@ -146,7 +146,8 @@ KNOBS: tuple[Knob, ...] = (
          doc="KB of each gate/up tile asked into L2 by an L2_PREFETCH task while the attention hops leave HBM "
              "mostly idle (which rows: mlp_prefetch_from; 0 = no prefetch tasks). Emitted only where the attention "
              "tasks leave at least half of the SMs idle (n_kv_heads x splits <= SMs / 2). 192 with 'gate' measured "
-             "2.1% faster than 64 on llama-3.2-1b, 0.2-0.8% on the other presets (H100, twentieth session)"),
+             "1.1-2.2% faster than 64 with 'both' on llama-3.2-1b, 0.7% on llama-3.2-3b, 0.2% on llama-3.1-8b, "
+             "within noise on qwen3-0.6b (H100); 0.6% slower on the H200 (twentieth session)"),
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
              "tiles (and QK_NORM_ROPE task) done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
@@ -154,8 +155,8 @@ KNOBS: tuple[Knob, ...] = (
          doc="which rows of a gate/up tile the L2_PREFETCH task asks for: its gate rows first, then its up rows "
              "('gate'), or equal heads of both ('both'). A warp loads a gate row and its up row together, so with "
              "'gate' every load pairs an L2 hit with an HBM read and the HBM keeps streaming; with 'both' the first "
-             "rows of every warp come from L2 while the HBM idles (192 KB: 'both' measured equal to no change, "
-             "'gate' 2.1% faster on llama-3.2-1b). Only with mlp_prefetch_kb > 0"),
+             "rows of every warp come from L2 while the HBM idles (192 KB on llama-3.2-1b, H100: 'both' measured "
+             "equal to the old 64 KB, 'gate' 2.2% faster). Only with mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_delay_ns", int, 0, choices=(0, 500, 1000, 1500, 2000, 3000),
          doc="ns an L2_PREFETCH task waits before its requests go out (released with the attention tasks, its "
              "misses may queue in front of their q loads; 0-1500 measured equal on llama-3.2-1b, 2000+ slower); "
