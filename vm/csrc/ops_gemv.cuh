@@ -40,6 +40,20 @@ __device__ __forceinline__ void amk_fma_chunk(const uint4& w, const float (&xf)[
   for (int e = 0; e < T::VE; ++e) acc = fmaf(wf[e], xf[e], acc);
 }
 
+// acc[u] = (chunk u of this lane's RS rows, v[u]) . (x chunk cc), each from zero; lanes past the row (cc >= nc)
+// get zeros. The per-lane step of the short-row paths (amk_short_rows, amk_gemv_group_body).
+template <class T, int RS>
+__device__ __forceinline__ void amk_fma_rows(const uint4 (&v)[RS], const float* xs, int nc, int cc, float (&acc)[RS]) {
+#pragma unroll
+  for (int u = 0; u < RS; ++u) acc[u] = 0.f;
+  if (cc < nc) {
+    float xf[T::VE];
+    amk_x_chunk<T>(xs, nc, cc, xf);
+#pragma unroll
+    for (int u = 0; u < RS; ++u) amk_fma_chunk<T>(v[u], xf, acc[u]);
+  }
+}
+
 // acc[r] += sum over this lane's chunks c0, c0+cstep, ... < nc of rows[r][chunk] . xs[chunk]
 // Src: AmkSrcGlobal (ld.global.nc, evict-first) or AmkSrcShared (rows staged in the weight ring).
 template <class T, int R, int U, class Src>
@@ -129,14 +143,7 @@ __device__ __forceinline__ void amk_short_rows(const char* W, size_t rs, const f
       if (rb >= rn) break;
     }
     float acc[RS];
-#pragma unroll
-    for (int u = 0; u < RS; ++u) acc[u] = 0.f;
-    if (cc < nc) {
-      float xf[T::VE];
-      amk_x_chunk<T>(xs, nc, cc, xf);
-#pragma unroll
-      for (int u = 0; u < RS; ++u) amk_fma_chunk<T>(v[u], xf, acc[u]);
-    }
+    amk_fma_rows<T, RS>(v, xs, nc, cc, acc);
     for (int o = L >> 1; o > 0; o >>= 1) {  // the RS rows' shuffles of one level are independent: issued together
 #pragma unroll
       for (int u = 0; u < RS; ++u) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], o);
@@ -398,14 +405,7 @@ __device__ __noinline__ void amk_gemv_group_body(const AmkCtx& c, const float* p
   const float* xsm = amk_in_smem(xs);
   if (rb < rn) {
     float acc[AMK_RS];
-#pragma unroll
-    for (int j = 0; j < AMK_RS; ++j) acc[j] = 0.f;
-    if (lane < nc) {
-      float xf[T::VE];
-      amk_x_chunk<T>(xsm, nc, lane, xf);
-#pragma unroll
-      for (int j = 0; j < AMK_RS; ++j) amk_fma_chunk<T>(v[j], xf, acc[j]);
-    }
+    amk_fma_rows<T, AMK_RS>(v, xsm, nc, lane, acc);
 #pragma unroll
     for (int j = 0; j < AMK_RS; ++j) acc[j] = amk_warp_sum(acc[j]);
     if (lane == 0) {
@@ -475,6 +475,8 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
 }
 
 __device__ __forceinline__ float amk_silu(float g) { return g / (1.0f + expf(-g)); }
+// h = silu(gate . x) * (up . x) from a gate/up row pair's sums a and the RMSNorm scale xr.
+__device__ __forceinline__ float amk_silu_mul(const float (&a)[2], float xr) { return amk_silu(a[0] * xr) * (a[1] * xr); }
 
 template <class T>
 __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int r0, int rn, int K, const char* g0,
@@ -482,7 +484,7 @@ __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int
   const size_t off = (size_t)r0 * K * T::BYTES;
   const char* W[2] = {g0 + off, u0 + off};
   amk_gemv_rows<T, 2>(c, W, K, rn, xs, c.smem + amk_pad4(K),
-                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu(a[0] * xr) * (a[1] * xr); });
+                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu_mul(a, xr); });
 }
 
 __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
@@ -525,7 +527,7 @@ __device__ __noinline__ void amk_silu_down_body(const AmkCtx& c, const float* xs
   float* hsm = amk_in_smem(hs);
   const bool hsplit = amk_x_split(T::BYTES, rn);
   amk_gemv_rows<T, 2>(c, W, K, rn, xs, hsm, [&](int r, const float (&a)[2]) {
-    hsm[amk_xpos(r, rn, hsplit)] = amk_silu(a[0] * xr) * (a[1] * xr);
+    hsm[amk_xpos(r, rn, hsplit)] = amk_silu_mul(a, xr);
   });
   const AmkSrcGlobal src{amk_policy_evict_first()};
   auto add = [&](int r, const float (&a)[1]) { atomicAdd(y + r, a[0]); };
