@@ -159,7 +159,8 @@ KNOBS: tuple[Knob, ...] = (
              "equal to the old 64 KB, 'gate' 2.2% faster). Only with mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_delay_ns", int, 0, choices=(0, 500, 1000, 1500, 2000, 3000),
          doc="ns an L2_PREFETCH task waits before its requests go out (released with the attention tasks, its "
-             "misses may queue in front of their q loads; 0-1500 measured equal on llama-3.2-1b, 2000+ slower); "
+             "misses may queue in front of their q loads). H100, mlp_prefetch_kb 192: llama-3.2-1b 1000 equal, "
+             "1500 +0.9%, 2000 +2.2%, 3000 +4.4%; qwen3-0.6b 1500 equal, 2000 -1.0% (twenty-first session); "
              "only with mlp_prefetch_kb > 0"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
