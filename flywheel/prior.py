@@ -119,6 +119,12 @@ KNOBS: tuple[Knob, ...] = (
          doc="the next token's argmax in two steps: one ARGMAX_PARTIAL per LM-head tile (right after it) and one "
              "ARGMAX_MERGE over the tiles' winners, instead of one ARGMAX task reading the whole vocabulary on one "
              "SM after the last tile"),
+    Knob("argmax_in_lm_head", bool, True, choices=(True, False),
+         doc="with split_argmax: each LM-head tile computes its own (max, index) pair in its epilogue (GEMV "
+             "has_argmax) and one ARGMAX_PAIRS task merges the pairs in one round trip, instead of an "
+             "ARGMAX_PARTIAL task behind every tile re-reading its logits and an ARGMAX_MERGE gathering the "
+             "candidates' logits (two round trips). H100, interleaved: llama-3.2-1b -1.1%, qwen3-0.6b -0.8%, "
+             "llama-3.2-3b -0.3% (docs/PERF.md, twenty-second session)"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

@@ -45,7 +45,7 @@ from vm.abi import QKV_MODE_RAW
 
 GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE")
 ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
-ARGMAX_OPS = ("ARGMAX", "ARGMAX_PARTIAL", "ARGMAX_MERGE")
+ARGMAX_OPS = ("ARGMAX", "ARGMAX_PARTIAL", "ARGMAX_MERGE", "ARGMAX_PAIRS")
 H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it
 NORM_SLOTS = ("norm_w", "qk_norm_w", "q_norm_w", "k_norm_w")   # weights staged with the input, not streamed
 WARM_BYTES = 16384     # a task whose prefetch has landed this much starts its stream from L2 (no hbm_us)
@@ -76,6 +76,7 @@ class Calib:
                                      # stages them (stage 1.5 -> 6.3 us for 67 KB of partials)
     prefetch_issue_us: float = 0.2   # set: an L2_PREFETCH task's issue
     argmax_gbps: float = 40.0        # set: ARGMAX reading the logits on one SM
+    argmax_epilogue_us: float = 0.2  # set: an LM-head tile's block argmax (GEMV has_argmax), not fitted
     launch_us: float = 0.9519        # fit: per step, the launch and block start inside the replayed graph
     threads_ref: int = 512           # sm_gbps holds at this many threads per block (fewer: proportionally less)
 
@@ -362,8 +363,10 @@ class _Sim:
         elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE"):
             b += c.merge_us + self._lat()
         elif task.op in ARGMAX_OPS:   # logits read on one SM: all of them, a tile's rows, or one per candidate
-            n = {"ARGMAX": "n", "ARGMAX_PARTIAL": "count", "ARGMAX_MERGE": "n_cand"}[task.op]
+            n = {"ARGMAX": "n", "ARGMAX_PARTIAL": "count", "ARGMAX_MERGE": "n_cand", "ARGMAX_PAIRS": "n_cand"}[task.op]
             b += 4 * int(task.params[n]) / (c.argmax_gbps * 1e3) + (self._lat() if task.op == "ARGMAX_MERGE" else 0.0)
+        if task.op == "GEMV" and int(task.params.get("has_argmax", 0)):   # the tile's block argmax: one barrier more
+            b += c.argmax_epilogue_us
         self._timer(t + b, "end", i)
 
     def _end(self, i: int, t: float) -> None:

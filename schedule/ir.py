@@ -4,7 +4,7 @@ A ``MegakernelProgram`` is one decode step of one model for one GPU: every buffe
 every task (one VM instruction), and ``queues[sm]`` = the task ids that SM's persistent block runs, in order.
 
 Synchronisation contract (what the validator proves and both VMs implement):
-  * counters are zeroed before each step; a task with ``out_counter = c`` increments c by one after all its writes
+  * counters are 0 when a step starts (the GPU launch's last block resets them for the next); a task with ``out_counter = c`` increments c by one after all its writes
     (release); a ``Wait(c, t)`` blocks until c >= t (acquire), and t must equal the number of producers of c.
   * a block runs its queue in order, so queue order is also a happens-before edge.
 

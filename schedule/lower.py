@@ -20,7 +20,8 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                    (fuse_down: GEMV_SILU_MUL_DOWN tiles instead, each adding W_down[:, its rows] . h into x_{l+1},
                     which the o_proj tiles seed with xmid_l: no h buffer, no down hop)
     LM head GEMV tiles (final norm fused) -> logits -> ARGMAX_PARTIAL per tile -> ARGMAX_MERGE -> next_token
-    (split_argmax; else one ARGMAX)
+    (split_argmax; else one ARGMAX; with argmax_in_lm_head each tile writes its own (max, index) pair and one
+    ARGMAX_PAIRS picks among them)
 
 Only the points where a whole vector is inherently needed (RMSNorm inputs, o_proj / down_proj inputs) wait on all
 producers; attention for KV head g starts when the QKV tiles of group g are done.
@@ -486,15 +487,24 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     lm_tiles = (list(_row_tiles(b, c.vocab, cfg.lm_head_rows or LM_HEAD_AUTO_ROWS)) if b.balance_sms   # balance_tiles
                 else lm_head_tiles(c.vocab, cfg.lm_head_rows, b.sms))
     # split_argmax: each tile signals its own counter and one ARGMAX_PARTIAL per tile picks the tile's winner
-    # (emitted after every tile, so a partial queues behind the tiles of its SM); ARGMAX_MERGE picks among them
-    c_log = [b.counter(f"logits[{r0}:{r0 + rn}]") for r0, rn in lm_tiles] if cfg.split_argmax else [b.counter("logits")]
+    # (emitted after every tile, so a partial queues behind the tiles of its SM); ARGMAX_MERGE picks among them.
+    # argmax_in_lm_head (with split_argmax): each tile writes its own (max, index) pair (GEMV has_argmax) and
+    # signals one counter, which ARGMAX_PAIRS waits on: no partial tasks, one round trip in the merge
+    in_tile = cfg.split_argmax and cfg.argmax_in_lm_head
+    pairs = b.act("argmax_pairs", 2 * len(lm_tiles)) if in_tile else None
+    c_log = ([b.counter("argmax_pairs")] if in_tile else
+             [b.counter(f"logits[{r0}:{r0 + rn}]") for r0, rn in lm_tiles] if cfg.split_argmax else [b.counter("logits")])
     for k, (r0, rn) in enumerate(lm_tiles):
         ins = [xin, lm] + ([nw] if nw is not None else [])
-        b.task("GEMV", ins, [io["logits"]], {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab,
-                                             "has_norm": int(nw is not None), "has_bias": 0, "has_residual": 0,
-                                             "eps": c.rms_eps}, [cin], c_log[k if cfg.split_argmax else 0],
-               f"lm_head[{r0}:{r0 + rn}]")
-    if cfg.split_argmax:
+        prm = {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab, "has_norm": int(nw is not None),
+               "has_bias": 0, "has_residual": 0, "eps": c.rms_eps}
+        if in_tile:
+            prm.update(has_argmax=1, argmax_slot=k)
+        b.task("GEMV", ins, [io["logits"]] + ([pairs] if in_tile else []), prm, [cin],
+               c_log[k if cfg.split_argmax and not in_tile else 0], f"lm_head[{r0}:{r0 + rn}]")
+    if in_tile:
+        b.task("ARGMAX_PAIRS", [pairs], [io["next_token"]], {"n_cand": len(lm_tiles)}, [c_log[0]], -1, "argmax")
+    elif cfg.split_argmax:
         cand, c_cand = b.buf("argmax_cand", BufferKind.ACTIVATION, DType.I32, (len(lm_tiles),)), b.counter("argmax_cand")
         for k, (r0, rn) in enumerate(lm_tiles):
             b.task("ARGMAX_PARTIAL", [io["logits"]], [cand], {"start": r0, "count": rn, "slot": k}, [c_log[k]], c_cand,

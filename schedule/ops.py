@@ -74,6 +74,9 @@ def accesses(task, numel) -> list[Access]:
             rng("y" if op == "GEMV" else "h", r0, r0 + rn, True, bool(task.params.get("accumulate", 0)))
         if "y_copy" in s:
             rng("y_copy", r0, r0 + rn, True)
+        if "pairs" in s:   # the tile's (max, index) pair
+            k = _p(task, "argmax_slot")
+            rng("pairs", 2 * k, 2 * k + 2, True)
     elif op == "QKV_ROPE":
         K = _p(task, "k")
         whole("x"); whole("pos"); whole("inv_freq")
@@ -120,6 +123,8 @@ def accesses(task, numel) -> list[Access]:
         rng("logits", a, a + n); rng("cand", k, k + 1, True)
     elif op == "ARGMAX_MERGE":   # gathers logits at the candidates' indices: any of [0, n), so all of it is read
         rng("logits", 0, _p(task, "n")); rng("cand", 0, _p(task, "n_cand")); whole("token", True)
+    elif op == "ARGMAX_PAIRS":
+        rng("pairs", 0, 2 * _p(task, "n_cand")); whole("token", True)
     elif op == "L2_PREFETCH":
         a, n = _p(task, "start_a"), _p(task, "count_a")
         rng("w_a", a, a + n)

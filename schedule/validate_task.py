@@ -12,10 +12,11 @@ from vm.abi import MAX_BUFS, MAX_WAITS, OPCODES, QKV_MODE_K, QKV_MODE_RAW, QKV_M
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 READ_ONLY_KINDS = (BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT)
+MAX_PAIR_INDEX = 1 << 24   # GEMV has_argmax stores a row index as fp32: exact below 2^24
 MAX_PREFETCH_DELAY_NS = 100_000   # an L2_PREFETCH task's delay_ns (its SM sleeps without polling the abort flag)
 # iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
 DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "x_start", "accumulate",
-                      "early_kv", "delay_ns"}
+                      "early_kv", "delay_ns", "argmax_slot"}
                      | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs + spec.optional_outputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
@@ -212,6 +213,15 @@ class TaskChecks:
                 if "y_copy" in s:
                     need(not acc, "has_copy with accumulate: the copy of a partial sum is not the row's value")
                     need(f32_act("y_copy"), "y_copy must be an f32 ACTIVATION buffer (the kernel writes fp32 rows)")
+                ha = P.get("has_argmax", 0)
+                need(ha in (0, 1), f"has_argmax {ha} must be 0 or 1")
+                if "pairs" in s:
+                    need(not acc and xsp == 0, "has_argmax needs the rows' final values: not with accumulate or "
+                                               "x_splits")
+                    need(f32_act("pairs"), "pairs must be an f32 ACTIVATION buffer ((value, index) as fp32)")
+                    need(P.get("argmax_slot", -1) >= 0, f"has_argmax needs argmax_slot >= 0, got {P.get('argmax_slot')}")
+                    need(r0 + rn <= MAX_PAIR_INDEX, f"rows up to {r0 + rn}: a pair's index is exact in fp32 only "
+                                                    f"below {MAX_PAIR_INDEX}")
             if op == "GEMV_SILU_MUL_DOWN":
                 on = P["out_n"]
                 need(on >= 1 and shape("w_down") == (on, rn),
@@ -291,6 +301,10 @@ class TaskChecks:
         elif op == "L2_PREFETCH":   # the SM sleeps that long without polling the abort flag: keep it short
             need(0 <= P.get("delay_ns", 0) <= MAX_PREFETCH_DELAY_NS,
                  f"delay_ns {P.get('delay_ns', 0)} outside [0, {MAX_PREFETCH_DELAY_NS}]")
+        elif op == "ARGMAX_PAIRS":
+            need(P["n_cand"] >= 1, f"n_cand {P['n_cand']} must be >= 1")
+            need(self.p.buffers[s["pairs"]].dtype == DType.F32 and self.p.buffers[s["token"]].dtype == DType.I32,
+                 "pairs must be f32 and token i32")
         elif op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE"):   # the kernel reads fp32 logits, writes int32 indices
             dt = lambda slot: self.p.buffers[s[slot]].dtype  # noqa: E731
             need(dt("logits") == DType.F32 and dt("cand") == DType.I32,

@@ -170,7 +170,7 @@ def check_robustness() -> None:
         record("trap unknown opcode", "PASS" if ok and err <= 1e-5 else "FAIL",
                f"{str(e)[:90]}... ; next launch rel err {err:.1e}")
     bad = copy.deepcopy(prog)
-    k = next(i for i, t in enumerate(bad.tasks) if t.op in ("ARGMAX", "ARGMAX_MERGE"))  # nothing else waits on it
+    k = next(i for i, t in enumerate(bad.tasks) if t.op in ("ARGMAX", "ARGMAX_MERGE", "ARGMAX_PAIRS"))  # nothing else waits on it
     bad.tasks[k].waits[0].threshold += 1
     vm2 = MegakernelVM(bad, g.weights, check=False, timeout_s=2.0)
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -99,11 +99,14 @@ _OPS = [
     # into o_proj so attention needs no merge task). x_start: x starts at that element of its buffer (with x_splits
     # a whole KV-group block: o_proj split by KV group reads only its group's partials). accumulate: y[r] += the
     # row's value (an atomic fp32 add; tasks accumulating into the same rows need no order among themselves).
-    # has_copy: y_copy[r] = y[r] as well (o_proj seeds the next layer's residual stream for fused down tiles)
+    # has_copy: y_copy[r] = y[r] as well (o_proj seeds the next layer's residual stream for fused down tiles).
+    # has_argmax: pairs[2*argmax_slot : +2] = (max of the tile's y rows, its row index as a float), the first row on
+    # ties, a NaN counting as the maximum (an LM-head tile's share of the next token's argmax; ARGMAX_PAIRS merges)
     OpSpec("GEMV", 3, "gemv", ("x", "w"), ("y",),
            ("row_start", "row_count", "k", "n", "has_norm", "has_bias", "has_residual", "x_splits", "x_group",
-            "x_head_dim", "x_start", "accumulate", "has_copy"), ("eps",),
-           (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual")), (("y_copy", "has_copy"),)),
+            "x_head_dim", "x_start", "accumulate", "has_copy", "has_argmax", "argmax_slot"), ("eps",),
+           (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual")),
+           (("y_copy", "has_copy"), ("pairs", "has_argmax"))),
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),
            ("row_start", "row_count", "k", "n", "has_norm"), ("eps",), (("norm_w", "has_norm"),)),
@@ -148,6 +151,9 @@ _OPS = [
     # themselves; y must hold the residual stream first (o_proj's has_copy)
     OpSpec("GEMV_SILU_MUL_DOWN", 15, "gemv", ("x", "w_gate", "w_up", "w_down"), ("y",),
            ("row_start", "row_count", "k", "n", "has_norm", "out_n"), ("eps",), (("norm_w", "has_norm"),)),
+    # token[0] = int(pairs[2i+1]) for the first i in [0, n_cand) with the largest pairs[2i] (NaN counts as the
+    # maximum): the argmax over the (value, index) pairs of LM-head tiles with has_argmax, one round trip
+    OpSpec("ARGMAX_PAIRS", 16, "reduce", ("pairs",), ("token",), ("n_cand",)),
 ]
 OPCODES: dict[str, OpSpec] = {op.name: op for op in _OPS}
 OPCODE_BY_CODE: dict[int, OpSpec] = {op.code: op for op in _OPS}

@@ -15,7 +15,10 @@ for timeouts, the counter.
 
 Device state (all allocated once): weights (tied ones share storage), KV caches zeroed in their dtype, CONST
 tables from ``Buffer.data``, fp32 activations, the instruction / queue / buffer-descriptor tables, and one int32
-``sync`` tensor = counters | status words (a single memset resets both before a step).
+``sync`` tensor = counters | status words. A step is ONE launch: int token / pos travel in the launch params, and
+the kernel's last block resets the counters and stores the step's IO (greedy decode: token = next_token, pos += 1)
+for the next launch (amk_exit in vm/csrc/megakernel.cu; a memset and two fills per step were ~7.7 us of stream gaps
+on an H100, docs/PERF.md). An aborted launch leaves counters and status for the report; check_status() clears them.
 The pure functions ``pack_instructions``, ``pack_buffers``, ``pack_queues`` and ``check_layout`` (and the shared-
 memory layout in vm/smem.py) run on CPU (tests use them without a GPU).
 """
@@ -33,7 +36,8 @@ from vm import abi
 from vm.smem import STREAM_OPS, _pad4, attn_keys, smem_floats
 
 KIND_CODES = {k: abi.KIND_CODES[k.value] for k in BufferKind}
-STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag
+STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag + exit count
+IO_TOKEN, IO_POS, IO_ADVANCE = 1, 2, 4   # AMK_IO_* (amk_launch.h): the launch's io_flags
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
 DTYPE_DETAILS = {-200 - code: name for name, code in abi.DTYPE_CODES.items()}   # AMK_DTYPE_DETAIL - dtype (common.cuh)
 PRELOAD_DETAIL = -100         # AMK_PRELOAD_DETAIL (vm/csrc/preload.cuh): TIMEOUT detail of the preload barrier
@@ -386,6 +390,7 @@ class MegakernelVM:
                 raise MegakernelError(f"program has no IO buffer named {name!r}")
         self.token, self.pos = self.tensors[io["token"]], self.tensors[io["pos"]]
         self.logits, self.next_token = self.tensors[io["logits"]], self.tensors[io["next_token"]]
+        self._io_ptrs = (int(self.token.data_ptr()), int(self.pos.data_ptr()), int(self.next_token.data_ptr()))
         self.kv = [self.tensors[b.id] for b in self.program.buffers if b.kind == BufferKind.KV_CACHE]
         self.max_seq = min([int(b.shape[1]) for b in self.program.buffers if b.kind == BufferKind.KV_CACHE] or [0])
 
@@ -394,11 +399,16 @@ class MegakernelVM:
         return self.tensors[self.program.buffer(name).id]
 
     # -- launching ------------------------------------------------------------------------------------------------
-    def _launch(self) -> None:
+    def _launch(self, flags: int = 0, token: int = 0, pos: int = 0, out_slot=None) -> None:
+        """One launch. The kernel's last block resets the counters and does the step's IO bookkeeping (amk_exit in
+        megakernel.cu): flags IO_TOKEN / IO_POS: this step's token id / position come from ``token`` / ``pos`` (and
+        are stored into their buffers); IO_ADVANCE: afterwards token = next_token, pos += 1, out_slot = next_token."""
+        io = [flags, token, pos, self._io_ptrs[0], self._io_ptrs[1], self._io_ptrs[2],
+              int(out_slot.data_ptr()) if out_slot is not None else 0]
         self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
                         self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
                         self._trace_ptr, self.wait_prefetch_bytes, self.preload_bytes,
-                        self.wait_prefetch_next_bytes, self.wait_prefetch_pace_bytes)
+                        self.wait_prefetch_next_bytes, self.wait_prefetch_pace_bytes, io)
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),
@@ -425,18 +435,27 @@ class MegakernelVM:
         else:
             dst.fill_(int(value))
 
-    def launch_async(self) -> None:
-        """Reset counters + status and launch one step on the current stream (no host sync, no check)."""
-        self.sync.zero_()
-        self._launch()
+    def launch_async(self, token: int | None = None, pos: int | None = None) -> None:
+        """Launch one step on the current stream (no host sync, no check): ONE stream operation. The counters are
+        0 between launches (the kernel's last block resets them); int token / pos travel in the launch params.
+        Errors are sticky: after one, every launch exits at once until check_status() reports and clears it."""
+        flags = (IO_TOKEN if token is not None else 0) | (IO_POS if pos is not None else 0)
+        self._launch(flags, int(token or 0), int(pos or 0))
 
     def step(self, token=None, pos=None, check: bool = True):
-        """One decode step -> logits (device fp32 [vocab], the live buffer). token/pos: int or device tensor."""
-        if token is not None:
+        """One decode step -> logits (device fp32 [vocab], the live buffer). token/pos: int (passed in the launch
+        params, no extra stream operation) or device tensor (copied into the IO buffer first)."""
+        import torch
+        if isinstance(token, torch.Tensor):
             self._set(self.token, token)
-        if pos is not None:
+            token = None
+        if isinstance(pos, torch.Tensor):
             self._set(self.pos, pos)
-        self.launch_async()
+            pos = None
+        for name, v in (("token", token), ("pos", pos)):
+            if v is not None and not -2**31 <= int(v) < 2**31:
+                raise MegakernelError(f"step: {name} {v} is outside int32")
+        self.launch_async(token, pos)
         if check:
             self.check_status()
         return self.logits
@@ -448,9 +467,12 @@ class MegakernelVM:
             torch.cuda.current_stream().synchronize()
         st = self.status.cpu().tolist()
         code, task, opcode, detail, sm = st[:5]
-        if code == abi.STATUS_OK:
+        if code == abi.STATUS_OK and not any(st[5:]):
             return
-        raise MegakernelError(self._describe(code, task, opcode, detail, sm))
+        msg = (self._describe(code, task, opcode, detail, sm) if code != abi.STATUS_OK else
+               f"megakernel status words {st[5:]} (abort flag, exit count) not clear after a launch without an error")
+        self.sync.zero_()   # counters, abort flag, exit count: an aborted launch leaves them for this report
+        raise MegakernelError(msg)
 
     def _describe(self, code, task, opcode, detail, sm) -> str:
         spec = abi.OPCODE_BY_CODE.get(opcode)
@@ -494,12 +516,9 @@ class MegakernelVM:
 
     # -- decode loop ----------------------------------------------------------------------------------------------
     def _step_device(self, out_slot) -> None:
-        """One greedy step entirely on the device: counters = 0, launch, out_slot = token = next_token, pos += 1."""
-        self.counters.zero_()
-        self._launch()
-        out_slot.copy_(self.next_token)
-        self.token.copy_(self.next_token)
-        self.pos.add_(1)
+        """One greedy step entirely on the device, one launch: its last block stores out_slot = token = next_token
+        and pos += 1 (IO_ADVANCE)."""
+        self._launch(IO_ADVANCE, out_slot=out_slot)
 
     def prepare_decode(self, chunk: int) -> bool:
         """Capture a CUDA graph of ``chunk`` device steps (once per chunk size). False if capture is unsupported."""
@@ -532,7 +551,7 @@ class MegakernelVM:
             self._set(self.token, first_token)
         if start_pos is not None:
             self._set(self.pos, start_pos)
-        self.status.zero_()
+        self.sync.zero_()   # status (sticky errors) and counters: a launch that failed unchecked left both
         out = torch.empty(n_tokens, dtype=torch.int32, device=self.device)
         entry = self._graphs.get(n_tokens) if use_graph else None
         if entry is not None:

@@ -91,6 +91,10 @@ def op_gemv(vm, t):
         vm.buf(s["y"])[r0:r0 + rn] = y
     if t.params.get("has_copy"):     # the same rows into a second buffer
         vm.buf(s["y_copy"])[r0:r0 + rn] = y
+    if t.params.get("has_argmax"):   # the tile's (max, row index): the first row on ties, NaN counts as the max
+        i = _first_argmax(y)
+        k = int(t.params["argmax_slot"])
+        vm.buf(s["pairs"])[2 * k:2 * k + 2] = torch.tensor([float(y[i]), float(r0 + i)])
 
 
 def _silu_mul(vm, t, s) -> torch.Tensor:
@@ -277,6 +281,14 @@ def op_argmax_merge(vm, t):
     vm.buf(s["token"])[0] = int(cand[_first_argmax(vm.buf(s["logits"])[cand])])
 
 
+def op_argmax_pairs(vm, t):
+    """token = the index of the first pair with the largest value (NaN counts as the maximum); with the pairs of
+    ascending disjoint row tiles covering the vocabulary, that is argmax(logits) (first index on ties)."""
+    s = slot_map(t)
+    pairs = vm.buf(s["pairs"])[:2 * int(t.params["n_cand"])].view(-1, 2)
+    vm.buf(s["token"])[0] = int(pairs[_first_argmax(pairs[:, 0]), 1])
+
+
 def op_l2_prefetch(vm, t):
     """A cache hint on the GPU: no buffer changes (the ranges are checked by the validator like any read)."""
 
@@ -284,7 +296,7 @@ def op_l2_prefetch(vm, t):
 REFERENCE = {"EMBED": op_embed, "RMSNORM": op_rmsnorm, "GEMV": op_gemv, "GEMV_SILU_MUL": op_gemv_silu_mul,
              "QKV_ROPE": op_qkv_rope, "QK_NORM_ROPE": op_qk_norm_rope, "ATTN_DECODE": op_attn_decode,
              "ATTN_PARTIAL": op_attn_partial, "ATTN_MERGE": op_attn_merge, "ADD": op_add, "ARGMAX": op_argmax,
-             "ARGMAX_PARTIAL": op_argmax_partial, "ARGMAX_MERGE": op_argmax_merge,
+             "ARGMAX_PARTIAL": op_argmax_partial, "ARGMAX_MERGE": op_argmax_merge, "ARGMAX_PAIRS": op_argmax_pairs,
              "L2_PREFETCH": op_l2_prefetch, "GEMV_SILU_MUL_DOWN": op_gemv_silu_mul_down}
 assert set(REFERENCE) == set(OPCODES), "every opcode needs a reference function"
 

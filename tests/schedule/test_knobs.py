@@ -165,21 +165,40 @@ def _check_early_kv(p, v):
 
 
 def _check_split_argmax(p, v):
-    """False: one ARGMAX waiting on one logits counter that every LM-head tile signals; True (default): one
-    ARGMAX_PARTIAL per tile waiting on that tile's own counter, covering the vocabulary in order, then ARGMAX_MERGE
-    over them."""
+    """False: one ARGMAX waiting on one logits counter that every LM-head tile signals (whatever
+    argmax_in_lm_head says: it only applies to the split argmax)."""
     assert v is False
     tiles = lambda q: [t for t in q.tasks if t.label.startswith("lm_head[")]  # noqa: E731
-    part = [t for t in BASE.tasks if t.op == "ARGMAX_PARTIAL"]
-    (merge,) = [t for t in BASE.tasks if t.op == "ARGMAX_MERGE"]
-    assert [(t.params["start"], t.params["count"], t.params["slot"]) for t in part] == \
-        [(t.params["row_start"], t.params["row_count"], k) for k, t in enumerate(tiles(BASE))]
-    assert [t.waits[0].counter for t in part] == [t.out_counter for t in tiles(BASE)]
-    assert len({t.out_counter for t in tiles(BASE)}) == len(part)
-    assert merge.params == {"n": C.vocab, "n_cand": len(part)} and merge.waits[0].threshold == len(part)
+    assert [t.op for t in BASE.tasks if t.op.startswith("ARGMAX")] == ["ARGMAX_PAIRS"]
     (one,) = [t for t in p.tasks if t.op.startswith("ARGMAX")]
     assert one.op == "ARGMAX" and one.waits[0].threshold == len(tiles(p))
     assert {t.out_counter for t in tiles(p)} == {one.waits[0].counter}
+    assert not any(t.params.get("has_argmax") for t in tiles(p))
+
+
+def _check_argmax_in_lm_head(p, v):
+    """True (default): no ARGMAX_PARTIAL / ARGMAX_MERGE; every LM-head tile writes pair k of one pairs buffer and
+    signals one counter, which the single ARGMAX_PAIRS waits on for all of them. False: the same tiles, no pairs;
+    one ARGMAX_PARTIAL per tile waiting on that tile's own counter, covering the vocabulary in order, then
+    ARGMAX_MERGE over them."""
+    assert v is False
+    tiles = lambda q: [t for t in q.tasks if t.label.startswith("lm_head[")]  # noqa: E731
+    rows = lambda q: [(t.params["row_start"], t.params["row_count"]) for t in tiles(q)]  # noqa: E731
+    assert rows(p) == rows(BASE) and not any(t.params.get("has_argmax") for t in tiles(p))
+    assert [(t.params["has_argmax"], t.params["argmax_slot"]) for t in tiles(BASE)] == \
+        [(1, k) for k in range(len(tiles(BASE)))]
+    assert not [t for t in BASE.tasks if t.op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE", "ARGMAX")]
+    (m,) = [t for t in BASE.tasks if t.op == "ARGMAX_PAIRS"]
+    assert m.params == {"n_cand": len(tiles(BASE))} and m.waits[0].threshold == len(tiles(BASE))
+    assert {t.out_counter for t in tiles(BASE)} == {m.waits[0].counter}
+    assert {t.outputs[1] for t in tiles(BASE)} == {m.inputs[0]} and BASE.buffers[m.inputs[0]].numel == 2 * len(tiles(BASE))
+    part = [t for t in p.tasks if t.op == "ARGMAX_PARTIAL"]
+    (merge,) = [t for t in p.tasks if t.op == "ARGMAX_MERGE"]
+    assert [(t.params["start"], t.params["count"], t.params["slot"]) for t in part] == \
+        [(t.params["row_start"], t.params["row_count"], k) for k, t in enumerate(tiles(p))]
+    assert [t.waits[0].counter for t in part] == [t.out_counter for t in tiles(p)]
+    assert len({t.out_counter for t in tiles(p)}) == len(part)
+    assert merge.params == {"n": C.vocab, "n_cand": len(part)} and merge.waits[0].threshold == len(part)
 
 
 def _check_num_sms(p, v):
@@ -343,7 +362,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "mlp_prefetch_from": _check_mlp_prefetch_from,
               "balance_tiles": _check_balance_tiles,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
-              "split_argmax": _check_split_argmax, "attn_wait": _check_attn_wait,
+              "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
               "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down}
 
 

@@ -26,9 +26,13 @@ def test_task_counts_default_toy():
     assert ops["ATTN_DECODE"] == 2 * 2                          # per kv head
     assert ops["GEMV"] == 2 * (96 // 16 + 96 // 16) + 5         # o_proj + down per layer; lm head ceil(313/64)=5
     assert ops["GEMV_SILU_MUL"] == 2 * 6                        # ceil(176/32)
-    assert ops["EMBED"] == 1 and ops["ARGMAX_PARTIAL"] == 5 and ops["ARGMAX_MERGE"] == 1   # split_argmax
-    # counters: x0 + per layer (2 qkv groups + attn + xmid + h + x_next) + one per LM-head tile + the candidates
-    assert len(p.counters) == 1 + 2 * (2 + 4) + 5 + 1
+    assert ops["EMBED"] == 1 and ops["ARGMAX_PAIRS"] == 1 and "ARGMAX_PARTIAL" not in ops   # argmax_in_lm_head
+    # counters: x0 + per layer (2 qkv groups + attn + xmid + h + x_next) + the LM-head tiles' pairs
+    assert len(p.counters) == 1 + 2 * (2 + 4) + 1
+    parts = lower(g, TARGETS["h100"], ScheduleConfig(gemv_rows=16, mlp_rows=32, lm_head_rows=64, qkv_heads=1,
+                                                     qkv_head_split=1, attn_splits=1, argmax_in_lm_head=False))
+    assert _ops(parts)["ARGMAX_PARTIAL"] == 5 and _ops(parts)["ARGMAX_MERGE"] == 1 and "ARGMAX_PAIRS" not in _ops(parts)
+    assert len(parts.counters) == 1 + 2 * (2 + 4) + 5 + 1   # ... + one per LM-head tile + the candidates
     one = lower(g, TARGETS["h100"], ScheduleConfig(gemv_rows=16, mlp_rows=32, lm_head_rows=64, qkv_heads=1,
                                                    qkv_head_split=1, attn_splits=1, split_argmax=False))
     assert _ops(one)["ARGMAX"] == 1 and "ARGMAX_PARTIAL" not in _ops(one)

@@ -480,7 +480,8 @@ def test_split_argmax_checks():
     from schedule.graph import load_model
     from schedule.ir import DType
     from schedule.lower import lower
-    base = lower(load_model("toy"), TARGETS["h100"], {"lm_head_rows": 64, "num_sms": 4}, max_seq=16)
+    base = lower(load_model("toy"), TARGETS["h100"], {"lm_head_rows": 64, "num_sms": 4, "argmax_in_lm_head": False},
+                 max_seq=16)
     part = [t for t in base.tasks if t.op == "ARGMAX_PARTIAL"]
     (merge,) = [t for t in base.tasks if t.op == "ARGMAX_MERGE"]
     assert len(part) == 5 and validate(base).ok
@@ -496,6 +497,43 @@ def test_split_argmax_checks():
     p = copy.deepcopy(base)
     p.tasks[merge.id].waits[0].threshold = 4
     rejected(p, f"task {merge.id}", "cand")
+
+
+def test_argmax_in_lm_head_checks():
+    """argmax_in_lm_head validates as lowered (5 LM-head tiles with has_argmax into one pairs buffer, one
+    ARGMAX_PAIRS); the validator rejects, naming the task: a merge that does not wait for every tile (a race on the
+    pairs), more pairs than the buffer holds, an i32 pairs buffer, a slot left out, a tile that accumulates, and
+    two tiles writing the same slot."""
+    import copy
+
+    from schedule.graph import load_model
+    from schedule.ir import DType
+    from schedule.lower import lower
+    base = lower(load_model("toy"), TARGETS["h100"], {"lm_head_rows": 64, "num_sms": 4, "argmax_in_lm_head": True},
+                 max_seq=16)
+    tiles = [t for t in base.tasks if t.label.startswith("lm_head[")]
+    (merge,) = [t for t in base.tasks if t.op == "ARGMAX_PAIRS"]
+    assert len(tiles) == 5 and [t.params["argmax_slot"] for t in tiles] == list(range(5)) and validate(base).ok
+    assert not any(t.op in ("ARGMAX_PARTIAL", "ARGMAX_MERGE", "ARGMAX") for t in base.tasks)
+    assert merge.waits[0].threshold == 5 and {t.out_counter for t in tiles} == {merge.waits[0].counter}
+    p = copy.deepcopy(base)
+    p.tasks[merge.id].waits[0].threshold = 4
+    rejected(p, f"task {merge.id}", "pairs")
+    p = copy.deepcopy(base)
+    p.tasks[merge.id].params["n_cand"] = 6
+    rejected(p, f"task {merge.id} (ARGMAX_PAIRS", "pairs")
+    p = copy.deepcopy(base)
+    p.buffers[merge.inputs[0]].dtype = DType.I32
+    rejected(p, f"task {tiles[0].id} (GEMV", "pairs must be an f32 ACTIVATION")
+    p = copy.deepcopy(base)
+    del p.tasks[tiles[1].id].params["argmax_slot"]
+    rejected(p, f"task {tiles[1].id} (GEMV", "argmax_slot")
+    p = copy.deepcopy(base)
+    p.tasks[tiles[2].id].params["accumulate"] = 1
+    rejected(p, f"task {tiles[2].id} (GEMV", "has_argmax needs the rows' final values")
+    p = copy.deepcopy(base)
+    p.tasks[tiles[3].id].params["argmax_slot"] = 2
+    rejected(p, "pairs")
 
 
 @pytest.mark.parametrize("delay", [-1, 100_001])

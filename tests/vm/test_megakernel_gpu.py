@@ -192,7 +192,7 @@ def test_timeout_names_task_and_counter_then_valid_launch():
     g, prog, _ = make("llama-untied", "f32", "default")
     bad = copy.deepcopy(prog)
     # the final argmax: nothing waits on it, so it is the only block that can time out (deterministic report)
-    k = next(i for i, t in enumerate(bad.tasks) if t.op in ("ARGMAX", "ARGMAX_MERGE"))
+    k = next(i for i, t in enumerate(bad.tasks) if t.op in ("ARGMAX", "ARGMAX_MERGE", "ARGMAX_PAIRS"))
     bad.tasks[k].waits[0].threshold += 1                 # never satisfied
     from vm.loader import MegakernelVM
     vm = MegakernelVM(bad, g.weights, check=False, timeout_s=0.5)
@@ -443,9 +443,10 @@ def test_knobs_change_the_build():
         assert vm.prefetch_cap > 0 and int(vm.instrs_np["prefetch_bytes"].max()) > 0
 
 
-@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("split", [True, False, "pairs"])
 def test_argmax_ties_across_lm_head_tiles(split):
-    """next_token on the GPU is torch.argmax of its logits (first index on ties) with and without split_argmax, on
+    """next_token on the GPU is torch.argmax of its logits (first index on ties) with and without split_argmax (and
+    with the tiles' own pairs, argmax_in_lm_head), on
     an LM head whose rows [r1, vocab) are one row w (equal logits, tied across tiles) and rows [0, r1) are w / 2:
     the answer is r1 (w . x > 0) or 0, and each sign of w gives one of them."""
     from vm.loader import MegakernelVM
@@ -458,11 +459,33 @@ def test_argmax_ties_across_lm_head_tiles(split):
         lm = (sign * w).repeat(V, 1)
         lm[:r1] *= 0.5
         weights = {**g.weights, key: lm.to(g.weights[key].dtype)}
-        prog = lower(g, TARGETS["h100"], {"lm_head_rows": 16, "num_sms": 8, "split_argmax": split}, max_seq=16)
-        assert sum(t.op == "ARGMAX_PARTIAL" for t in prog.tasks) == (-(-V // 16) if split else 0)
+        cfg = {"lm_head_rows": 16, "num_sms": 8, "split_argmax": bool(split), "argmax_in_lm_head": split == "pairs"}
+        prog = lower(g, TARGETS["h100"], cfg, max_seq=16)
+        assert sum(t.op == "ARGMAX_PARTIAL" for t in prog.tasks) == (-(-V // 16) if split is True else 0)
+        assert sum(t.op == "ARGMAX_PAIRS" for t in prog.tasks) == (split == "pairs")
         vm = MegakernelVM(prog, weights)
         logits = vm.step(9, 0).cpu()
         tok = int(vm.next_token.item())
         assert tok == int(torch.argmax(logits)) == (r1 if float(logits[r1]) > 0 else 0)
         out[sign] = (tok, logits)
     assert {t for t, _ in out.values()} == {0, r1}   # one sign puts the tie on top, the other the halved rows
+
+
+@pytest.mark.parametrize("name,dtype", [("llama-untied", "f32"), ("qwen3", "bf16")])
+def test_argmax_in_lm_head_matches_the_split_argmax(name, dtype):
+    """argmax_in_lm_head: the same logits bit for bit and the same next token as the split argmax, over steps,
+    and both match the ReferenceVM."""
+    from vm.loader import MegakernelVM
+    g = graph(name, dtype)
+    cfg = {"lm_head_rows": 16, "num_sms": 8}
+    vms = [MegakernelVM(lower(g, TARGETS["h100"], {**cfg, "argmax_in_lm_head": v}, max_seq=16), g.weights)
+           for v in (False, True)]
+    ref = ReferenceVM(vms[1].program, g.weights)
+    for tok, pos in [(3, 0), (41, 1), (7, 2)]:
+        a, b = (vm.step(tok, pos).clone() for vm in vms)
+        assert torch.equal(a, b)
+        assert int(vms[0].next_token.item()) == int(vms[1].next_token.item()) == int(torch.argmax(b))
+        want = ref.step(tok, pos)
+        assert rel_err(b, want) <= (1e-5 if dtype == "f32" else 2e-2)
+        if dtype == "f32":
+            assert int(ref.io("next_token")[0]) == int(vms[1].next_token.item())

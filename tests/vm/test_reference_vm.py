@@ -143,6 +143,40 @@ def test_split_argmax_is_torch_argmax(bounds):
     assert _split_argmax(x, bounds) == 0 == int(torch.argmax(x))
 
 
+def _pairs_argmax(logits: torch.Tensor, bounds: list[int]) -> int:
+    """An LM-head GEMV tile per range [bounds[k], bounds[k+1]) with has_argmax (W = diag(logits), x = ones: its
+    rows are the logits themselves, a NaN only in its own row), then ARGMAX_PAIRS, on the reference ops directly."""
+    from schedule.ir import Task
+    from vm.reference_vm import REFERENCE
+    n, n_cand = len(logits), len(bounds) - 1
+    mem = _Mem({0: torch.ones(n), 1: torch.diag(logits), 2: torch.zeros(n), 3: torch.full((2 * n_cand,), -7.0),
+                4: torch.zeros(1, dtype=torch.int32)})
+    for k in range(n_cand):
+        REFERENCE["GEMV"](mem, Task(k, "GEMV", [0, 1], [2, 3], params={
+            "row_start": bounds[k], "row_count": bounds[k + 1] - bounds[k], "k": n, "n": n, "has_norm": 0,
+            "has_bias": 0, "has_residual": 0, "has_argmax": 1, "argmax_slot": k}))
+    nan = torch.isnan(logits)
+    assert torch.equal(mem.buf(2)[~nan], logits[~nan]) and bool(mem.buf(2)[nan].isnan().all())  # the rows as well
+    REFERENCE["ARGMAX_PAIRS"](mem, Task(n_cand, "ARGMAX_PAIRS", [3], [4], params={"n_cand": n_cand}))
+    return int(mem.buf(4)[0])
+
+
+@pytest.mark.parametrize("bounds", [[0, 313], [0, 64, 128, 192, 256, 313], [0, 1, 2, 100, 101, 313],
+                                    [0, 157, 313]])
+def test_argmax_pairs_of_lm_head_tiles_is_torch_argmax(bounds):
+    """The argmax from the tiles' own (max, index) pairs picks what torch.argmax picks: random logits, ties inside
+    a tile and across tiles, the first NaN, all equal (the cases of the split argmax above)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(313, generator=g)
+    assert _pairs_argmax(x, bounds) == int(torch.argmax(x))
+    x[[70, 71, 200]] = x.max() + 1.0
+    assert _pairs_argmax(x, bounds) == 70 == int(torch.argmax(x))
+    x[[250, 150, 300]] = float("nan")
+    assert _pairs_argmax(x, bounds) == 150
+    x = torch.full((313,), -3.5)
+    assert _pairs_argmax(x, bounds) == 0 == int(torch.argmax(x))
+
+
 def test_argmax_merge_rejects_a_candidate_outside_the_logits():
     from schedule.ir import Task
     from vm.reference_vm import REFERENCE

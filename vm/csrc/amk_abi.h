@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 4
+#define AMK_ABI_VERSION 5
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 8
 #define AMK_MAX_IPARAMS 16
@@ -54,6 +54,7 @@
 #define AMK_OP_ARGMAX_PARTIAL 13
 #define AMK_OP_ARGMAX_MERGE 14
 #define AMK_OP_GEMV_SILU_MUL_DOWN 15
+#define AMK_OP_ARGMAX_PAIRS 16
 
 #define AMK_EMBED_IP_COL_START 0
 #define AMK_EMBED_IP_COL_COUNT 1
@@ -82,6 +83,8 @@
 #define AMK_GEMV_IP_X_START 10
 #define AMK_GEMV_IP_ACCUMULATE 11
 #define AMK_GEMV_IP_HAS_COPY 12
+#define AMK_GEMV_IP_HAS_ARGMAX 13
+#define AMK_GEMV_IP_ARGMAX_SLOT 14
 #define AMK_GEMV_FP_EPS 0
 #define AMK_GEMV_IN_X 0
 #define AMK_GEMV_IN_W 1
@@ -209,6 +212,10 @@
 #define AMK_GEMV_SILU_MUL_DOWN_IN_W_UP 2
 #define AMK_GEMV_SILU_MUL_DOWN_IN_W_DOWN 3
 #define AMK_GEMV_SILU_MUL_DOWN_N_REQUIRED_IN 4
+
+#define AMK_ARGMAX_PAIRS_IP_N_CAND 0
+#define AMK_ARGMAX_PAIRS_IN_PAIRS 0
+#define AMK_ARGMAX_PAIRS_N_REQUIRED_IN 1
 
 typedef struct AmkInstr {
   int32_t op;

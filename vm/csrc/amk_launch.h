@@ -6,15 +6,24 @@
 
 // Index of the abort flag inside the int32 status array (after the AMK_STATUS_WORDS report words).
 #define AMK_STATUS_ABORT AMK_STATUS_WORDS
-// Length of the status array the host allocates (report words + abort flag, padded).
+// Index of the exit count: blocks that have finished this launch (the last one resets the counters, megakernel.cu
+// amk_exit; back to 0 between launches).
+#define AMK_STATUS_EXITS (AMK_STATUS_WORDS + 1)
+// Length of the status array the host allocates (report words + abort flag + exit count, padded).
 #define AMK_STATUS_LEN 8
+
+// AmkParams.io_flags: what this launch takes from its params instead of the IO buffers, and what its last block
+// writes back (the step's input / output bookkeeping, done in the kernel so a step is one launch).
+#define AMK_IO_TOKEN 1    // in_token is this step's token id (also stored into *token at exit)
+#define AMK_IO_POS 2      // in_pos is this step's position (also stored into *pos at exit)
+#define AMK_IO_ADVANCE 4  // at exit: *token = *next_token, *pos = position + 1 (greedy decode on the device)
 
 typedef struct AmkParams {
   const AmkInstr* instrs;        // [n_instrs] instruction PODs (index = task position in program.tasks)
   const int32_t* queue_offsets;  // [n_queues + 1] CSR offsets into queue_items
   const int32_t* queue_items;    // [n_tasks] instruction indices, per queue in run order
   const AmkBufDesc* bufs;        // [n_bufs] buffer descriptors
-  int32_t* counters;             // [n_counters] monotonic counters, zeroed before each launch
+  int32_t* counters;             // [n_counters] monotonic counters: 0 at launch, reset by the launch's last block
   int32_t* status;               // [AMK_STATUS_LEN] error report words + abort flag
   uint64_t* trace;               // nullable: [n_instrs][AMK_TRACE_WORDS] %globaltimer ns stamps (below)
   int64_t timeout_ns;            // wait budget per wait (%globaltimer ns)
@@ -28,7 +37,12 @@ typedef struct AmkParams {
                                      // task's weights, after its own (0 = off; knob wait_prefetch_next_kb)
   int32_t wait_prefetch_pace_bytes;  // bytes of those prefetches issued per poll of the wait (0 = all at once, on
                                      // the first poll; knob wait_prefetch_pace_kb)
-  int32_t pad0;
+  int32_t io_flags;              // AMK_IO_* above
+  int32_t in_token, in_pos;      // this step's token id / position where io_flags says so
+  int32_t* token;                // first word of the IO buffers 'token' and 'pos' (nullable: no IO bookkeeping)
+  int32_t* pos;
+  const int32_t* next_token;     // first word of 'next_token' (nullable)
+  int32_t* out_token;            // nullable: with AMK_IO_ADVANCE, next_token is also stored here (decode history)
 } AmkParams;
 
 // Trace record words per instruction (see AmkParams.trace): wait begin, ready, end, SM, then AMK_TRACE_MARKS

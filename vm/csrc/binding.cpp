@@ -26,7 +26,7 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
             const torch::Tensor& bufs, const torch::Tensor& sync, int64_t n_counters, int64_t status_offset,
             int64_t grid, int64_t smem_bytes, int64_t timeout_ns, int64_t prefetch_cap, int64_t trace_ptr,
             int64_t wait_prefetch_bytes, int64_t preload_bytes, int64_t wait_prefetch_next_bytes,
-            int64_t wait_prefetch_pace_bytes) {
+            int64_t wait_prefetch_pace_bytes, const std::vector<int64_t>& io) {
   const torch::Device dev = instrs.device();
   check_tensor(instrs, "instrs", torch::kUInt8, dev);
   check_tensor(queue_offsets, "queue_offsets", torch::kInt32, dev);
@@ -68,6 +68,22 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
   p.n_counters = (int32_t)n_counters;
   p.n_queues = (int32_t)grid;
   p.smem_bytes = (int32_t)smem_bytes;
+  // io = {io_flags, in_token, in_pos, token, pos, next_token, out_token} (addresses as integers, 0 = none)
+  TORCH_CHECK(io.size() == 7, "amk launch: io must have 7 entries (flags, token id, position, 4 addresses), got ",
+              io.size());
+  TORCH_CHECK(io[0] >= 0 && io[0] <= (AMK_IO_TOKEN | AMK_IO_POS | AMK_IO_ADVANCE), "amk launch: io flags ", io[0],
+              " unknown");
+  TORCH_CHECK(!(io[0] & AMK_IO_ADVANCE) || io[5] != 0, "amk launch: AMK_IO_ADVANCE needs the next_token address");
+  TORCH_CHECK(io[0] == 0 || (io[3] != 0 && io[4] != 0), "amk launch: io flags need the token and pos addresses");
+  TORCH_CHECK(io[1] >= INT32_MIN && io[1] <= INT32_MAX && io[2] >= INT32_MIN && io[2] <= INT32_MAX,
+              "amk launch: token id / position out of int32 range");
+  p.io_flags = (int32_t)io[0];
+  p.in_token = (int32_t)io[1];
+  p.in_pos = (int32_t)io[2];
+  p.token = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(io[3]));
+  p.pos = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(io[4]));
+  p.next_token = reinterpret_cast<const int32_t*>(static_cast<uintptr_t>(io[5]));
+  p.out_token = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(io[6]));
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const int err = amk_launch(&p, (int)grid, (int)smem_bytes, (void*)stream);
@@ -123,6 +139,7 @@ pybind11::dict build_info() {
   d["trace_words"] = AMK_TRACE_WORDS;
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;
+  d["status_exits_index"] = AMK_STATUS_EXITS;
   return d;
 }
 

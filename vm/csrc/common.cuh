@@ -8,6 +8,7 @@
 // Reductions are fixed-order (xor-butterfly shuffles + per-warp slots summed in warp order), so reruns are
 // bit-identical.
 #pragma once
+#include <limits.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -273,6 +274,32 @@ __device__ __forceinline__ void amk_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// (va, ia) beats (vb, ib)? A total order, so the block result does not depend on the reduction order.
+__device__ __forceinline__ bool amk_argmax_better(float va, int ia, float vb, int ib) {
+  const bool na = va != va, nb = vb != vb;
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// Block-wide argmax of every thread's (bv, bi): the result in thread 0's (bv, bi). Uses c.red / c.part; the
+// caller must not have them in use (one barrier inside).
+__device__ __forceinline__ void amk_argmax_block(const AmkCtx& c, float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (amk_argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+  }
+  int* ri = (int*)c.part;  // [NWARPS] indices, values in red
+  if (amk_lane() == 0) { c.red[amk_warp()] = bv; ri[amk_warp()] = bi; }
+  __syncthreads();
+  if (amk_tid() == 0) {
+    for (int w = 1; w < AMK_NWARPS; ++w)
+      if (amk_argmax_better(c.red[w], ri[w], bv, bi)) { bv = c.red[w]; bi = ri[w]; }
+  }
+}
+
 // A task's slot, from the shared-memory copy (no global round trip once the op runs).
 __device__ __forceinline__ void* amk_ptr(const AmkCtx& c, int slot) { return (void*)(uintptr_t)c.slots[slot].ptr; }
 __device__ __forceinline__ int amk_dtype(const AmkCtx& c, int slot) { return c.slots[slot].dtype; }
@@ -280,14 +307,23 @@ __device__ __forceinline__ int amk_dtype_bytes(int dt) { return (dt == AMK_DTYPE
 // The first int32 of an IO_INPUT slot (token id, position), read before the task's wait.
 __device__ __forceinline__ int amk_io_scalar(const AmkCtx& c, int slot) { return c.slots[slot].scalar; }
 
+// The value of an IO_INPUT buffer (first word at ptr) for this launch: the token id / position the launch was given
+// in its params (AMK_IO_TOKEN / AMK_IO_POS), else the buffer's word.
+__device__ __forceinline__ int amk_io_value(const AmkParams& p, const int* ptr) {
+  if ((p.io_flags & AMK_IO_TOKEN) && ptr == p.token) return p.in_token;
+  if ((p.io_flags & AMK_IO_POS) && ptr == p.pos) return p.in_pos;
+  return __ldcg(ptr);
+}
+
 // Lanes 0..n_bufs-1 of one warp, while thread 0 waits: resolve the task's slots into s (descriptors are constant;
-// IO_INPUT buffers are written only between launches, so reading them before the wait is safe).
+// IO_INPUT buffers are written only between launches -- the last block of a launch writes the next step's there,
+// amk_exit -- so reading them before the wait is safe).
 __device__ __forceinline__ void amk_prep_slots(const AmkParams& p, const AmkInstr& in, AmkSlot* s, int lane) {
   if (lane < in.n_bufs && lane < AMK_MAX_BUFS) {
     const AmkBufDesc d = p.bufs[in.buf[lane]];
     s[lane].ptr = d.ptr;
     s[lane].dtype = d.dtype;
-    s[lane].scalar = d.kind == AMK_KIND_IO_INPUT ? __ldcg((const int*)(uintptr_t)d.ptr) : 0;
+    s[lane].scalar = d.kind == AMK_KIND_IO_INPUT ? amk_io_value(p, (const int*)(uintptr_t)d.ptr) : 0;
   }
 }
 __device__ __forceinline__ bool amk_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }

@@ -106,10 +106,53 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
     case AMK_OP_ARGMAX: amk_op_argmax(c); break;
     case AMK_OP_ARGMAX_PARTIAL: amk_op_argmax_partial(c); break;
     case AMK_OP_ARGMAX_MERGE: amk_op_argmax_merge(c); break;
+    case AMK_OP_ARGMAX_PAIRS: amk_op_argmax_pairs(c); break;
     case AMK_OP_L2_PREFETCH: amk_op_l2_prefetch(c); break;
     default:
       if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_OPCODE, c.instr_index);
       break;
+  }
+}
+
+// Every block, once, as it leaves the launch (normally or on abort). Thread 0 counts the block out with an acq_rel
+// add on the status word AMK_STATUS_EXITS (release: this block's writes and counter signals, ordered before it by
+// the barrier; acquire: every earlier block's). The LAST block out (every task of the launch is done) then does
+// the bookkeeping that used to be separate stream operations before each launch, so a decode step is one launch:
+//   * resets the counters to 0 for the next launch (the host's memset before each launch: ~3 us of stream gap
+//     per step on an H100, scripts/launch_gaps.py), and the exit count itself;
+//   * stores the step's given token / position into their buffers (AMK_IO_TOKEN / AMK_IO_POS), or with
+//     AMK_IO_ADVANCE feeds the step's output back: token = next_token, pos = position + 1, and next_token into
+//     out_token (the decode history slot) -- what the greedy decode loop did with three small kernels per step.
+// After an abort nothing is reset or advanced: the counters stay as they were for the error report (the host
+// reads the waited counter's value) and the host resets the whole sync array when it clears the error
+// (vm/loader.py). The next launch cannot start before this one has finished, so the stores need no fence.
+__device__ __noinline__ void amk_exit(const AmkParams& p) {
+  __shared__ int s_last;
+  __syncthreads();
+  if (amk_tid() == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(p.status + AMK_STATUS_EXITS)
+                 : "memory");
+    s_last = old == (int)gridDim.x - 1 && amk_ld_relaxed(p.status + AMK_STATUS_ABORT) == 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  for (int i = amk_tid(); i < p.n_counters; i += AMK_THREADS) p.counters[i] = 0;
+  if (amk_tid() == 0) {
+    p.status[AMK_STATUS_EXITS] = 0;
+    const int f = p.io_flags;
+    if (p.token != nullptr && p.pos != nullptr) {
+      const int pos = (f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos;
+      if (f & AMK_IO_ADVANCE) {
+        const int nt = *(volatile const int*)p.next_token;
+        *p.token = nt;
+        *p.pos = pos + 1;
+        if (p.out_token != nullptr) *p.out_token = nt;
+      } else {
+        if (f & AMK_IO_TOKEN) *p.token = p.in_token;
+        if (f & AMK_IO_POS) *p.pos = pos;
+      }
+    }
   }
 }
 
@@ -126,7 +169,10 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   __shared__ __align__(16) AmkParams s_params;
   __shared__ int64_t s_need;
   const int sm = (int)blockIdx.x;
-  if (sm >= p.n_queues) return;
+  if (sm >= p.n_queues) {  // (the host launches one block per queue; a spare block only counts itself out)
+    amk_exit(p);
+    return;
+  }
   static_assert(sizeof(AmkParams) % 4 == 0, "AmkParams must be a whole number of words");
   if (AMK_PARAMS_SMEM)
     for (int i = amk_tid(); i < (int)(sizeof(AmkParams) / 4); i += AMK_THREADS)
@@ -189,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       amk_cp_async_wait<0>();  // KV rows amk_attn_early issued land before the block exits
-      return;
+      break;
     }
     const int out_ctr = s_ins.out_counter;
     AmkCtx ci_fresh = c;
@@ -204,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     amk_mark(ci, 3);
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
-      return;
+      break;
     }
     if (amk_tid() == 0) {
       if (out_ctr >= 0) amk_signal(p.counters + out_ctr);
@@ -215,6 +261,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       }
     }
   }
+  amk_exit(p);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // GEMV tiles: GEMV (optional fused RMSNorm on the input, bias, residual) and GEMV_SILU_MUL (gate/up + SiLU*up).
 //
 //   GEMV:          y[r] = (W[r,:] . f(x) + bias[r]) + residual[r]         for r in [r0, r0+rn)
+//                  (has_argmax: also the tile's (max, row index) pair, for ARGMAX_PAIRS)
 //   GEMV_SILU_MUL: h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
 //   f(x) = rmsnorm(x) * norm_w if has_norm else x; x: fp32 [K] (staged in smem once per task, as x * norm_w: the
 //   1/rms scale multiplies the finished dot products, see amk_stage_x).
@@ -338,11 +339,15 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
 // res_s: the task's residual rows staged in smem (null without residual).
 // accumulate: y[r] += v with an atomic fp32 add (GEMV param accumulate; o_proj split by KV group).
 // ycopy (GEMV has_copy, never with accumulate): the row's value also goes there.
+// pair (GEMV has_argmax, never with accumulate): the tile's (max, row index as fp32) goes there, the first row on
+// ties, a NaN counting as the maximum -- each row's epilogue thread keeps its best, then one block argmax.
 template <class T>
 __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
                                            const char* wbase, const void* bias, int bias_dt, const float* res_s,
-                                           float* y, float* ycopy, float xr, bool accumulate) {
+                                           float* y, float* ycopy, float2* pair, float xr, bool accumulate) {
   const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
+  float bv = -INFINITY;
+  int bi = INT_MAX;
   amk_gemv_rows<T, 1>(c, W, K, rn, xs, c.smem + amk_pad4(K), [&](int r, const float (&a)[1]) {
     float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
@@ -350,7 +355,13 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
     if (accumulate) atomicAdd(y + r0 + r, v);
     else y[r0 + r] = v;
     if (ycopy) ycopy[r0 + r] = v;
+    if (pair && amk_argmax_better(v, r0 + r, bv, bi)) { bv = v; bi = r0 + r; }
   });
+  if (pair) {
+    __syncthreads();  // every warp is past its rows (c.red / c.part are free for the block argmax)
+    amk_argmax_block(c, bv, bi);
+    if (amk_tid() == 0) *pair = make_float2(bv, (float)(bi == INT_MAX ? r0 : bi));
+  }
 }
 
 // Elements of the attention-partials buffer a GEMV with x_splits > 0 merges into x, 0 otherwise (vm/smem.py:
@@ -427,7 +438,8 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT], K = in.ip[AMK_GEMV_IP_K];
   const bool has_norm = in.ip[AMK_GEMV_IP_HAS_NORM] != 0, has_bias = in.ip[AMK_GEMV_IP_HAS_BIAS] != 0,
-             has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0, has_copy = in.ip[AMK_GEMV_IP_HAS_COPY] != 0;
+             has_res = in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0, has_copy = in.ip[AMK_GEMV_IP_HAS_COPY] != 0,
+             has_argmax = in.ip[AMK_GEMV_IP_HAS_ARGMAX] != 0;
   int s = AMK_GEMV_N_REQUIRED_IN;
   if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
   const int s_bias = has_bias ? s++ : -1, s_res = has_res ? s++ : -1, s_y = s;
@@ -445,7 +457,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   if (AMK_GROUP_EARLY && in.ip[AMK_GEMV_IP_X_SPLITS] > 0 && in.ip[AMK_GEMV_IP_ACCUMULATE] != 0 && !has_bias &&
-      !has_res && !has_copy && (in.flags & (AMK_INSTR_FLAG_STREAM | AMK_INSTR_FLAG_PRELOAD)) == 0 && rn >= 2 * AMK_NWARPS &&
+      !has_res && !has_copy && !has_argmax && (in.flags & (AMK_INSTR_FLAG_STREAM | AMK_INSTR_FLAG_PRELOAD)) == 0 && rn >= 2 * AMK_NWARPS &&
       amk_aligned16(wbase) && amk_aligned16(x)) {
     bool done = false;  // (x_splits rules out has_norm)
     amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
@@ -468,8 +480,10 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   float* y = (float*)amk_ptr(c, s_y);
   float* ycopy = has_copy ? (float*)amk_ptr(c, s_y + 1) : nullptr;
+  float2* pair = has_argmax ? (float2*)amk_ptr(c, s_y + 1 + (has_copy ? 1 : 0)) + in.ip[AMK_GEMV_IP_ARGMAX_SLOT]
+                            : nullptr;
   amk_dispatch_dtype(c, amk_dtype(c, AMK_GEMV_IN_W), [&](auto tag) {
-    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, ycopy, xr,
+    amk_gemv_body<decltype(tag)>(c, xs, r0, rn, K, wbase, bias, bias_dt, res_s, y, ycopy, pair, xr,
                                  in.ip[AMK_GEMV_IP_ACCUMULATE] != 0);
   });
 }

@@ -2,6 +2,7 @@
 //   ADD:         y[s:s+n] = a[s:s+n] + b[s:s+n]                    (fp32 activations)
 //   ARGMAX:      token[0] = argmax(logits[0:n]); ties -> first index; NaN counts as the maximum (like torch.argmax)
 //   ARGMAX_PARTIAL / ARGMAX_MERGE: the same argmax in two steps (per LM-head tile, then over the tiles' winners)
+//   ARGMAX_PAIRS: the same over (value, index) pairs the LM-head tiles computed themselves (GEMV has_argmax)
 //   L2_PREFETCH: no buffer changes; asks L2 for the instruction's weight ranges (prefetch_ptr/bytes, packed by the
 //                loader from w_a[start_a, +count_a) and w_b[start_b, +count_b)), so a later task finds them on chip
 #pragma once
@@ -33,14 +34,6 @@ __device__ __noinline__ void amk_op_add(const AmkCtx& c) {
   const float* b = (const float*)amk_ptr(c, AMK_ADD_IN_B);
   float* y = (float*)amk_ptr(c, AMK_ADD_N_REQUIRED_IN);
   for (int i = amk_tid(); i < n; i += AMK_THREADS) y[s + i] = __ldcg(a + s + i) + __ldcg(b + s + i);
-}
-
-// (va, ia) beats (vb, ib)? A total order, so the block result does not depend on the reduction order.
-__device__ __forceinline__ bool amk_argmax_better(float va, int ia, float vb, int ib) {
-  const bool na = va != va, nb = vb != vb;
-  if (na != nb) return na;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
 }
 
 // This thread's best (value, index) over logits[a, a + n) (indices of the whole vector), folded into (bv, bi).
@@ -85,21 +78,6 @@ __device__ __forceinline__ void amk_argmax_scan(const float* logits, int a, int 
 }
 
 // The block's best of every thread's (bv, bi); the result is valid in thread 0 (bi = INT_MAX: no element).
-__device__ __forceinline__ void amk_argmax_block(const AmkCtx& c, float& bv, int& bi) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (amk_argmax_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-  }
-  int* ri = (int*)c.part;  // [NWARPS] indices, values in red
-  if (amk_lane() == 0) { c.red[amk_warp()] = bv; ri[amk_warp()] = bi; }
-  __syncthreads();
-  if (amk_tid() == 0) {
-    for (int w = 1; w < AMK_NWARPS; ++w)
-      if (amk_argmax_better(c.red[w], ri[w], bv, bi)) { bv = c.red[w]; bi = ri[w]; }
-  }
-}
 
 __device__ __noinline__ void amk_op_argmax(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
@@ -123,6 +101,22 @@ __device__ __noinline__ void amk_op_argmax_partial(const AmkCtx& c) {
   amk_argmax_block(c, bv, bi);
   if (amk_tid() == 0)
     ((int*)amk_ptr(c, AMK_ARGMAX_PARTIAL_N_REQUIRED_IN))[in.ip[AMK_ARGMAX_PARTIAL_IP_SLOT]] = bi == INT_MAX ? a : bi;
+}
+
+// All pairs are loaded at once (one round trip); pair i is (value, index as fp32) of a tile of ascending rows.
+__device__ __noinline__ void amk_op_argmax_pairs(const AmkCtx& c) {
+  const AmkInstr& in = *c.ins;
+  const int nc = in.ip[AMK_ARGMAX_PAIRS_IP_N_CAND];
+  const float2* pairs = (const float2*)amk_ptr(c, AMK_ARGMAX_PAIRS_IN_PAIRS);
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = amk_tid(); i < nc; i += AMK_THREADS) {
+    const float2 v = __ldcg(pairs + i);
+    const int k = (int)v.y;
+    if (amk_argmax_better(v.x, k, bv, bi)) { bv = v.x; bi = k; }
+  }
+  amk_argmax_block(c, bv, bi);
+  if (amk_tid() == 0) ((int*)amk_ptr(c, AMK_ARGMAX_PAIRS_N_REQUIRED_IN))[0] = bi == INT_MAX ? 0 : bi;
 }
 
 __device__ __noinline__ void amk_op_argmax_merge(const AmkCtx& c) {
