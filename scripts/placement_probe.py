@@ -33,6 +33,9 @@ def main():
     ap.add_argument("--vms", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", default="{}")
+    ap.add_argument("--staged", action="store_true",
+                    help="instead: time VM 0 (3 rounds), build + check VM 1, time VM 0 again with VM 1 idle, then VM 1, "
+                         "then VM 0 once more")
     ap.add_argument("--ramp", type=float, default=0.0,
                     help="also: idle this many seconds, then time 40 back-to-back batches of 25 steps (the warm-up)")
     a = ap.parse_args()
@@ -41,6 +44,20 @@ def main():
     prog = lower(g, get_target("auto"), json.loads(a.config), max_seq=bench_max_seq(a.ctx))
     first_act = next(b.id for b in prog.buffers if b.kind == BufferKind.ACTIVATION)
     vms, first = [], {}
+    if a.staged:
+        tv = lambda vm: [round(time_vm(vm, g.config.vocab, a.ctx, iters=30, repeats=3)["us"], 1)  # noqa: E731
+                         for _ in range(3)]
+        v0 = MegakernelVM(prog, g.weights)
+        assert check_program(v0, g, 2)["correct"]
+        rows = [("VM 0 alone", tv(v0))]
+        v1 = MegakernelVM(prog, g.weights)
+        assert check_program(v1, g, 2)["correct"]
+        rows += [("VM 0 after VM 1 was built and checked", tv(v0)), ("VM 1", tv(v1)), ("VM 0 again", tv(v0))]
+        print(f"\n{a.model} ctx {a.ctx}, {torch.cuda.get_device_name()}, staged")
+        print("| step | us (3 x 30 steps) |\n|---|---|")
+        for k, v in rows:
+            print(f"| {k} | {', '.join(map(str, v))} |")
+        return
     for i in range(a.vms):
         vm = MegakernelVM(prog, g.weights)
         chk = check_program(vm, g, 2)
