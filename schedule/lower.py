@@ -491,9 +491,10 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     # argmax_in_lm_head (with split_argmax): each tile writes its own (max, index) pair (GEMV has_argmax) and
     # signals one counter, which ARGMAX_PAIRS waits on: no partial tasks, one round trip in the merge
     in_tile = cfg.split_argmax and cfg.argmax_in_lm_head
+    per_tile = cfg.split_argmax and not in_tile   # a counter per tile (its ARGMAX_PARTIAL waits on it), else one
     pairs = b.act("argmax_pairs", 2 * len(lm_tiles)) if in_tile else None
-    c_log = ([b.counter("argmax_pairs")] if in_tile else
-             [b.counter(f"logits[{r0}:{r0 + rn}]") for r0, rn in lm_tiles] if cfg.split_argmax else [b.counter("logits")])
+    c_log = ([b.counter(f"logits[{r0}:{r0 + rn}]") for r0, rn in lm_tiles] if per_tile else
+             [b.counter("argmax_pairs" if in_tile else "logits")])
     for k, (r0, rn) in enumerate(lm_tiles):
         ins = [xin, lm] + ([nw] if nw is not None else [])
         prm = {"row_start": r0, "row_count": rn, "k": c.hidden, "n": c.vocab, "has_norm": int(nw is not None),
@@ -501,7 +502,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         if in_tile:
             prm.update(has_argmax=1, argmax_slot=k)
         b.task("GEMV", ins, [io["logits"]] + ([pairs] if in_tile else []), prm, [cin],
-               c_log[k if cfg.split_argmax and not in_tile else 0], f"lm_head[{r0}:{r0 + rn}]")
+               c_log[k if per_tile else 0], f"lm_head[{r0}:{r0 + rn}]")
     if in_tile:
         b.task("ARGMAX_PAIRS", [pairs], [io["next_token"]], {"n_cand": len(lm_tiles)}, [c_log[0]], -1, "argmax")
     elif cfg.split_argmax:

@@ -141,17 +141,14 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   if (amk_tid() == 0) {
     p.status[AMK_STATUS_EXITS] = 0;
     const int f = p.io_flags;
-    if (p.token != nullptr && p.pos != nullptr) {
-      const int pos = (f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos;
-      if (f & AMK_IO_ADVANCE) {
-        const int nt = *(volatile const int*)p.next_token;
-        *p.token = nt;
-        *p.pos = pos + 1;
-        if (p.out_token != nullptr) *p.out_token = nt;
-      } else {
-        if (f & AMK_IO_TOKEN) *p.token = p.in_token;
-        if (f & AMK_IO_POS) *p.pos = pos;
-      }
+    if (f & AMK_IO_ADVANCE) {  // (binding.cpp checks that flags come with the addresses)
+      const int nt = *(volatile const int*)p.next_token;
+      *p.token = nt;
+      *p.pos = ((f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos) + 1;
+      if (p.out_token != nullptr) *p.out_token = nt;
+    } else {
+      if (f & AMK_IO_TOKEN) *p.token = p.in_token;
+      if (f & AMK_IO_POS) *p.pos = p.in_pos;
     }
   }
 }
