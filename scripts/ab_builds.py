@@ -8,6 +8,9 @@ variant is built (its own cached extension), checked against transformers (eval.
 variant is never timed), then the variants are timed round-robin, `--rounds` times each (CUDA events, one median of
 `--iters` steps per round). Variants use trace_breakdown.py's NAME=JSON syntax (schedule keys + tma / stages /
 stage_bytes / nvcc build keys). Prints a table last (median, min, max, ratio to the first variant); JSON to $OUT.
+
+A variant named `diag:NAME` is a diagnostic build whose results are knowingly wrong (e.g. nvcc -DAMK_DBG_NOWAIT=1:
+no task waits for its inputs). It is timed WITHOUT the correctness gate and printed as a bound, never as a latency.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def main():
             row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], build_s=round(time.time() - t0, 1),
                        floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[],
                        ring_bytes=vm.ring_bytes, n_streamed=vm.n_streamed, smem_bytes=vm.smem_bytes)
-            if chk["correct"]:
+            if chk["correct"] or name.startswith("diag:"):
                 vms[name] = vm
         except Exception as e:  # report and go on with the next variant
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -72,6 +75,9 @@ def main():
             continue
         med = statistics.median(r["rounds"])
         r["median_us"] = med
+        if name.startswith("diag:"):
+            r["note"] = "diagnostic bound of a knowingly wrong build, not a latency"
+            r["correct"] = False
         first = first or med
         print(f"{name:16s} {med:10.1f} {min(r['rounds']):8.1f} {max(r['rounds']):8.1f} {med / first:8.3f}  "
               f"{json.dumps(r['build'])} {json.dumps(r['config'])}")

@@ -7,6 +7,15 @@ process and 993.0 us in an ab_builds process on the same H200.)
 Builds --vms copies of the default program's VM in one process (same weights tensors, their own activations, KV
 caches and counters), times VM 0 alone first, then every VM round-robin --rounds times (time_vm each), and prints
 per VM its median and the addresses of its counters / first activation. Prints a table last.
+
+    --staged             VM 0 alone, then with a second VM built and checked (the twenty-second session's lead)
+    --triggers a,b,...   VM 0 timed after each step: idle, check, alloc[N], empty, fillsmall, readw, gemm, build,
+                         checkv1, free (which foreign work moves the one-VM timing; twenty-third session)
+    --pack ROUNDS        weights as loaded vs packed into one allocation, timed alternately after fills
+    --nvcc=FLAGS         build flags (e.g. --nvcc=-DAMK_SMEM_CARVEOUT=0; note the '=': the value starts with '-')
+
+Twenty-third session (H100, docs/PERF.md): the one-VM timing moves between ~1155 and ~1210 us after foreign kernels
+run, the same for every VM in the process and for packed weights; not the carve-out, not the buffers' placement.
 """
 from __future__ import annotations
 
@@ -33,17 +42,38 @@ def main():
     ap.add_argument("--vms", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", default="{}")
+    ap.add_argument("--nvcc", default="", help="extra nvcc flags of the build (e.g. -DAMK_SMEM_CARVEOUT=0)")
     ap.add_argument("--staged", action="store_true",
                     help="instead: time VM 0 (3 rounds), build + check VM 1, time VM 0 again with VM 1 idle, then VM 1, "
                          "then VM 0 once more")
+    ap.add_argument("--triggers", default="",
+                    help="instead: time VM 0 alone, then after each of these comma-separated steps in order: "
+                         "idle (sleep 3 s), check (check_program on VM 0 again), alloc (fill a 2 GiB tensor), "
+                         "build (build VM 1, no check), checkv1 (check VM 1), free (drop VM 1 + the dummy tensor), "
+                         "empty (a 2 GiB tensor, not written), allocN (fill an N MiB tensor), fillsmall (fill one "
+                         "64 MiB tensor 200 times), readw (sum every weight 20 times), gemm (20 bf16 4096^2 matmuls)")
+    ap.add_argument("--pack", type=int, default=0, metavar="ROUNDS",
+                    help="instead: VM A on the weights as loaded (one allocation each), VM B on a copy packed into "
+                         "one allocation in program order; ROUNDS x (fill a fresh buffer, time A, time B)")
     ap.add_argument("--ramp", type=float, default=0.0,
                     help="also: idle this many seconds, then time 40 back-to-back batches of 25 steps (the warm-up)")
     a = ap.parse_args()
     from vm.loader import MegakernelVM
+    if a.nvcc:
+        from scripts.trace_breakdown import set_build_env
+        set_build_env({"nvcc": a.nvcc})
     g = load_model(a.model, dtype="bf16", device="cuda")
     prog = lower(g, get_target("auto"), json.loads(a.config), max_seq=bench_max_seq(a.ctx))
     first_act = next(b.id for b in prog.buffers if b.kind == BufferKind.ACTIVATION)
     vms, first = [], {}
+    tv = lambda vm: [round(time_vm(vm, g.config.vocab, a.ctx, iters=30, repeats=3)["us"], 1)  # noqa: E731
+                     for _ in range(3)]
+    if a.triggers:
+        run_triggers(a, g, prog, tv)
+        return
+    if a.pack:
+        run_pack(a, g, prog, tv)
+        return
     if a.staged:
         tv = lambda vm: [round(time_vm(vm, g.config.vocab, a.ctx, iters=30, repeats=3)["us"], 1)  # noqa: E731
                          for _ in range(3)]
@@ -89,6 +119,95 @@ def main():
     for i, vm in enumerate(vms):
         print(f"| {i} | {statistics.median(times[i]):.1f} | {', '.join(f'{t:.1f}' for t in times[i])} | "
               f"{vm.sync.data_ptr():#x} | {vm.tensors[first_act].data_ptr():#x} |")
+
+
+def packed_weights(g, prog, align: int = 4096) -> dict:
+    """The program's weights copied into one device allocation, in the order the program's buffers name them."""
+    order = list(dict.fromkeys(b.source for b in prog.buffers if b.kind == BufferKind.WEIGHT))
+    order += [k for k in g.weights if k not in order]
+    offs, n = {}, 0
+    for k in order:
+        w = g.weights[k]
+        offs[k] = n
+        n += -(-w.numel() * w.element_size() // align) * align
+    flat = torch.empty(n, dtype=torch.uint8, device="cuda")
+    out = {}
+    for k in order:
+        w = g.weights[k]
+        nb = w.numel() * w.element_size()
+        out[k] = flat[offs[k]:offs[k] + nb].view(w.dtype).view(w.shape)
+        out[k].copy_(w)
+    print(f"packed {len(order)} weights, {n / 2**30:.2f} GiB at {flat.data_ptr():#x}")
+    return out
+
+
+def run_pack(a, g, prog, tv):
+    """Same program, weights as loaded vs packed into one allocation: timed alternately after foreign kernels."""
+    from vm.loader import MegakernelVM
+    va = MegakernelVM(prog, g.weights)
+    assert check_program(va, g, 2)["correct"]
+    vb = MegakernelVM(prog, packed_weights(g, prog))
+    assert check_program(vb, g, 2)["correct"]
+    rows = []
+    for r in range(a.pack):
+        buf = torch.empty((64 + 96 * r) << 20, dtype=torch.uint8, device="cuda").fill_(r)
+        del buf
+        ta = tv(va)
+        tb = tv(vb)
+        rows.append((r, ta, tb))
+    print(f"\n{a.model} ctx {a.ctx}, {torch.cuda.get_device_name()}, weights as loaded (A) vs packed (B)")
+    print("| round | A us | B us |\n|---|---|---|")
+    for r, ta, tb in rows:
+        print(f"| {r} | {', '.join(map(str, ta))} | {', '.join(map(str, tb))} |")
+
+
+def run_triggers(a, g, prog, tv):
+    """Which step makes a lone VM faster? Time VM 0 after each step in --triggers."""
+    import time
+    from vm.loader import MegakernelVM
+    v0 = MegakernelVM(prog, g.weights)
+    assert check_program(v0, g, 2)["correct"]
+    print(f"{time.time():.2f} timing VM 0 alone", flush=True)
+    state, rows = {}, [("VM 0 alone", tv(v0))]
+    for step in a.triggers.split(","):
+        if step == "idle":
+            torch.cuda.synchronize()
+            time.sleep(3)
+        elif step == "check":
+            assert check_program(v0, g, 2)["correct"]
+        elif step == "alloc":
+            state["dummy"] = torch.empty(2 << 30, dtype=torch.uint8, device="cuda").fill_(7)
+        elif step == "empty":
+            state["dummy"] = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        elif step.startswith("alloc") and step[5:].isdigit():
+            state["dummy"] = torch.empty(int(step[5:]) << 20, dtype=torch.uint8, device="cuda").fill_(7)
+        elif step == "fillsmall":
+            buf = state.setdefault("small", torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+            for i in range(200):
+                buf.fill_(i)
+        elif step == "readw":
+            for _ in range(20):
+                sum(float(torch.sum(w, dtype=torch.float32)) for w in g.weights.values())
+        elif step == "gemm":   # cuBLAS GEMMs (kernels that ask for a large shared-memory carve-out)
+            x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+            for _ in range(20):
+                x = (x @ x).clamp_(-1, 1)
+        elif step == "build":
+            state["v1"] = MegakernelVM(prog, g.weights)
+        elif step == "checkv1":
+            assert check_program(state["v1"], g, 2)["correct"]
+        elif step == "free":
+            state.clear()
+            torch.cuda.empty_cache()
+        else:
+            raise SystemExit(f"unknown trigger step {step!r}")
+        torch.cuda.synchronize()
+        print(f"{time.time():.2f} timing after {step}", flush=True)
+        rows.append((f"after {step}", tv(v0)))
+    print(f"\n{a.model} ctx {a.ctx}, {torch.cuda.get_device_name()}, triggers {a.triggers}")
+    print("| step | VM 0 us (3 x 30 steps) |\n|---|---|")
+    for k, v in rows:
+        print(f"| {k} | {', '.join(map(str, v))} |")
 
 
 if __name__ == "__main__":

@@ -97,9 +97,19 @@ __device__ __noinline__ int64_t amk_wait_pf(const AmkParams& p, const AmkInstr& 
 #ifndef AMK_POLL_NS_MAX
 #define AMK_POLL_NS_MAX 128
 #endif
+// AMK_DBG_NOWAIT (diagnostic builds only, wrong results): every wait counts as met at once, so a launch times
+// what the queues cost with no dependency hop at all (scripts/ab_builds.py `diag:` variants; docs/PERF.md).
+// AMK_DBG_NOWAIT_OPS: the same for the tasks whose opcode's bit is set (1 << AMK_OP_...): what one hop family costs.
+#ifndef AMK_DBG_NOWAIT
+#define AMK_DBG_NOWAIT 0
+#endif
+#ifndef AMK_DBG_NOWAIT_OPS
+#define AMK_DBG_NOWAIT_OPS 0
+#endif
 // next_item: the queue slot holding the next task's instruction index (nullptr: this is the block's last task).
 __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, const int32_t* next_item, int sm) {
   int aborted = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
+  if (AMK_DBG_NOWAIT || ((AMK_DBG_NOWAIT_OPS >> (in.op & 31)) & 1)) return aborted;
   if (!AMK_WAIT_OVERLAP && aborted) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
   int64_t pf_done = 0;  // bytes of the prefetch ranges requested so far (INT64_MAX: all)
