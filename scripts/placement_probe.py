@@ -58,7 +58,6 @@ def main():
     ap.add_argument("--ramp", type=float, default=0.0,
                     help="also: idle this many seconds, then time 40 back-to-back batches of 25 steps (the warm-up)")
     a = ap.parse_args()
-    from vm.loader import MegakernelVM
     if a.nvcc:
         from scripts.trace_breakdown import set_build_env
         set_build_env({"nvcc": a.nvcc})
@@ -75,13 +74,9 @@ def main():
         run_pack(a, g, prog, tv)
         return
     if a.staged:
-        tv = lambda vm: [round(time_vm(vm, g.config.vocab, a.ctx, iters=30, repeats=3)["us"], 1)  # noqa: E731
-                         for _ in range(3)]
-        v0 = MegakernelVM(prog, g.weights)
-        assert check_program(v0, g, 2)["correct"]
+        v0 = checked_vm(prog, g)
         rows = [("VM 0 alone", tv(v0))]
-        v1 = MegakernelVM(prog, g.weights)
-        assert check_program(v1, g, 2)["correct"]
+        v1 = checked_vm(prog, g)
         rows += [("VM 0 after VM 1 was built and checked", tv(v0)), ("VM 1", tv(v1)), ("VM 0 again", tv(v0))]
         print(f"\n{a.model} ctx {a.ctx}, {torch.cuda.get_device_name()}, staged")
         print("| step | us (3 x 30 steps) |\n|---|---|")
@@ -89,9 +84,7 @@ def main():
             print(f"| {k} | {', '.join(map(str, v))} |")
         return
     for i in range(a.vms):
-        vm = MegakernelVM(prog, g.weights)
-        chk = check_program(vm, g, 2)
-        assert chk["correct"], chk
+        vm = checked_vm(prog, g)
         vms.append(vm)
         if i == 0:
             first["alone, right after its check"] = time_vm(vm, g.config.vocab, a.ctx)["us"]
@@ -121,6 +114,15 @@ def main():
               f"{vm.sync.data_ptr():#x} | {vm.tensors[first_act].data_ptr():#x} |")
 
 
+def checked_vm(prog, g, weights=None):
+    """A MegakernelVM of ``prog`` (on ``weights``, default the graph's) that passed check_program (2 steps)."""
+    from vm.loader import MegakernelVM
+    vm = MegakernelVM(prog, g.weights if weights is None else weights)
+    chk = check_program(vm, g, 2)
+    assert chk["correct"], chk
+    return vm
+
+
 def packed_weights(g, prog, align: int = 4096) -> dict:
     """The program's weights copied into one device allocation, in the order the program's buffers name them."""
     order = list(dict.fromkeys(b.source for b in prog.buffers if b.kind == BufferKind.WEIGHT))
@@ -143,11 +145,8 @@ def packed_weights(g, prog, align: int = 4096) -> dict:
 
 def run_pack(a, g, prog, tv):
     """Same program, weights as loaded vs packed into one allocation: timed alternately after foreign kernels."""
-    from vm.loader import MegakernelVM
-    va = MegakernelVM(prog, g.weights)
-    assert check_program(va, g, 2)["correct"]
-    vb = MegakernelVM(prog, packed_weights(g, prog))
-    assert check_program(vb, g, 2)["correct"]
+    va = checked_vm(prog, g)
+    vb = checked_vm(prog, g, packed_weights(g, prog))
     rows = []
     for r in range(a.pack):
         buf = torch.empty((64 + 96 * r) << 20, dtype=torch.uint8, device="cuda").fill_(r)
@@ -165,8 +164,7 @@ def run_triggers(a, g, prog, tv):
     """Which step makes a lone VM faster? Time VM 0 after each step in --triggers."""
     import time
     from vm.loader import MegakernelVM
-    v0 = MegakernelVM(prog, g.weights)
-    assert check_program(v0, g, 2)["correct"]
+    v0 = checked_vm(prog, g)
     print(f"{time.time():.2f} timing VM 0 alone", flush=True)
     state, rows = {}, [("VM 0 alone", tv(v0))]
     for step in a.triggers.split(","):
