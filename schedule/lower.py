@@ -154,16 +154,33 @@ def auto_rows(n: int, n_sms: int, warps: int) -> int:
     return -(-need // warps) * warps
 
 
-def qkv_split_for(knob: int, qkv_heads: int, n_heads: int, n_kv: int, head_dim: int, n_sms: int) -> int:
+def qkv_split_for(knob: int, qkv_heads: int, n_heads: int, n_kv: int, head_dim: int, n_sms: int,
+                  reserve: int = 0) -> int:
     """QKV tasks per head. knob > 0: that many where it divides head_dim/2 (else 1). 0 (auto): the largest of
-    1, 2, 4, 8 that divides head_dim/2 and keeps the QKV tasks ((n_heads + 2*n_kv) x split) within one wave of SMs:
-    2 on the Llama presets, 4 on Qwen3-0.6B (H100, docs/PERF.md, eleventh session). Only with qkv_heads=1."""
+    1, 2, 4, 8 that divides head_dim/2 and keeps the QKV tasks ((n_heads + 2*n_kv) x split) plus ``reserve`` SMs
+    within one wave of SMs, else (no split of 2 or more leaves that room: whole heads measured slower, +0.7% on
+    Qwen3-0.6B against 4 per head) the largest that fits the wave alone. ``reserve``
+    (qkv_reserve): the attention tasks the idle placement puts on the SMs the QKV phase leaves free, so they load
+    their KV history before their wait. 2 on the Llama presets (with or without the reserve) and on Qwen3-0.6B
+    (64 QKV tasks + 8 x 4 attention tasks; 4 without the reserve, 128 QKV tasks: -1.7% with 2, H100, docs/PERF.md,
+    twenty-fourth session). Only with qkv_heads=1."""
     if qkv_heads != 1:
         return 1
     ok = [s for s in (1, 2, 4, 8) if (head_dim // 2) % s == 0]
     if knob > 0:
         return knob if knob in ok else 1
-    return max([s for s in ok if (n_heads + 2 * n_kv) * s <= n_sms] or [1])
+    fits = lambda s, r: (n_heads + 2 * n_kv) * s + r <= n_sms  # noqa: E731
+    return max([s for s in ok if s > 1 and fits(s, reserve)] or [s for s in ok if fits(s, 0)] or [1])
+
+
+def qkv_reserve(cfg, n_kv: int, max_seq: int) -> int:
+    """SMs the auto QKV split leaves for attention: n_kv x splits where the SM assignment may put attention on the
+    SMs the QKV phase leaves idle ('auto' / 'list_idle') and the splits are known to be few (the attn_splits knob,
+    or auto's IDLE_SPLITS up to AUTO_SPLITS_MAX_SEQ positions); 0 otherwise (long context: one wave of splits)."""
+    if cfg.sm_assignment not in ("auto", "list_idle"):
+        return 0
+    splits = cfg.attn_splits or (IDLE_SPLITS if max_seq <= AUTO_SPLITS_MAX_SEQ else 0)
+    return n_kv * min(splits, max_seq)
 
 
 def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
@@ -465,7 +482,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
     n_sms = cfg.sms_for(target)
     b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
-    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms)  # per head
+    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms,
+                       qkv_reserve(cfg, c.n_kv_heads, S))  # QKV tasks per head
     # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
     idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in ("auto", "list_idle") else 0
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle)

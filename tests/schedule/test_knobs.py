@@ -14,8 +14,8 @@ import pytest
 
 from flywheel.prior import KNOB_BY_NAME, KNOBS, defaults
 from schedule.graph import load_model
-from schedule.ir import get_target
-from schedule.lower import lower, qkv_split_for
+from schedule.ir import ScheduleConfig, get_target
+from schedule.lower import lower, qkv_reserve, qkv_split_for
 
 TOY = load_model("toy", dtype="f32")
 C = TOY.config
@@ -24,7 +24,8 @@ H100 = get_target("h100")
 
 # what an auto default resolves to on the toy: the same program as the default, so not an alternative here
 # (test_qkv_head_split_auto checks that value)
-AUTO_ON_TOY = {"qkv_head_split": qkv_split_for(0, 1, C.n_heads, C.n_kv_heads, C.head_dim, H100.sm_count),
+AUTO_ON_TOY = {"qkv_head_split": qkv_split_for(0, 1, C.n_heads, C.n_kv_heads, C.head_dim, H100.sm_count,
+                                               qkv_reserve(ScheduleConfig(), C.n_kv_heads, 64)),
                # the toy's few QKV tasks leave most SMs idle: auto places attention there, with 4 splits
                "sm_assignment": "list_idle", "attn_splits": 4,
                # ... where every attention task idles long enough to load its KV early: auto hints them all
@@ -388,19 +389,41 @@ def test_program_knob_changes_the_program(knob, value):
     STRUCTURAL[knob.name](prog, value)
 
 
-@pytest.mark.parametrize("model,sms,want", [("toy", 132, 8), ("llama-3.2-1b", 132, 2), ("llama-3.1-8b", 132, 2),
-                                             ("qwen3-0.6b", 132, 4), ("qwen3-0.6b", 100, 2), ("llama-3.2-1b", 40, 1)])
-def test_qkv_head_split_auto(model, sms, want):
-    """qkv_head_split 0: the largest split whose (n_heads + 2 n_kv) x split QKV tasks fit one wave of SMs, and the
-    same program as that split given explicitly."""
+@pytest.mark.parametrize("model,sms,cfg,max_seq,want", [
+    ("toy", 132, {}, 64, 8), ("llama-3.2-1b", 132, {}, 64, 2), ("llama-3.1-8b", 132, {}, 64, 2),
+    ("llama-3.2-3b", 132, {}, 64, 2),
+    # 4 x 32 = 128 QKV tasks leave 4 SMs: 2 per head leaves 68 for the 8 x 4 attention tasks
+    ("qwen3-0.6b", 132, {}, 64, 2), ("qwen3-0.6b", 132, {"attn_splits": 8}, 64, 2),   # 64 + 64 <= 132
+    ("qwen3-0.6b", 132, {"sm_assignment": "list"}, 64, 4),    # no idle placement: one wave of QKV tasks
+    ("qwen3-0.6b", 132, {}, 8192, 4),                         # long context: one wave of splits, no reserve
+    ("qwen3-0.6b", 132, {"attn_splits": 16}, 64, 4),          # 64 + 128 > 132: the wave alone
+    ("qwen3-0.6b", 100, {}, 64, 2), ("llama-3.2-1b", 40, {}, 64, 1)])
+def test_qkv_head_split_auto(model, sms, cfg, max_seq, want):
+    """qkv_head_split 0: the largest split whose (n_heads + 2 n_kv) x split QKV tasks fit one wave of SMs next to
+    the reserve the idle placement needs for attention (n_kv x splits: sm_assignment auto / list_idle and few
+    splits), else in one wave alone; and the same program as that split given explicitly."""
     g = TOY if model == "toy" else load_model(model, dtype="bf16", device="meta")
     c = g.config
-    assert qkv_split_for(0, 1, c.n_heads, c.n_kv_heads, c.head_dim, sms) == want
+    conf = ScheduleConfig(**{**cfg, "num_sms": sms})
+    reserve = qkv_reserve(conf, c.n_kv_heads, max_seq)
+    assert qkv_split_for(0, 1, c.n_heads, c.n_kv_heads, c.head_dim, sms, reserve) == want
     assert want == 1 or (c.n_heads + 2 * c.n_kv_heads) * want <= sms   # 1 when even whole heads do not fit
-    auto = lower(g, H100, {**defaults(), "num_sms": sms}, max_seq=64)
-    explicit = lower(g, H100, {**defaults(), "num_sms": sms, "qkv_head_split": want}, max_seq=64)
+    auto = lower(g, H100, {**defaults(), **cfg, "num_sms": sms}, max_seq=max_seq)
+    explicit = lower(g, H100, {**defaults(), **cfg, "num_sms": sms, "qkv_head_split": want}, max_seq=max_seq)
     assert _structure(auto) == _structure(explicit)
     assert qkv_split_for(0, 2, c.n_heads, c.n_kv_heads, c.head_dim, sms) == 1   # several q heads per task: no split
+
+
+def test_qkv_reserve():
+    """The reserve follows the placement and the split count: n_kv x 4 (auto splits) up to 2048 positions, n_kv x
+    the knob's splits, none under the 'list' / 'lpt' / 'round_robin' placements or auto splits at long context."""
+    assert qkv_reserve(ScheduleConfig(), 8, 512) == 32
+    assert qkv_reserve(ScheduleConfig(sm_assignment="list_idle"), 8, 2048) == 32
+    assert qkv_reserve(ScheduleConfig(), 8, 2049) == 0
+    assert qkv_reserve(ScheduleConfig(attn_splits=8), 8, 8192) == 64
+    assert qkv_reserve(ScheduleConfig(attn_splits=8), 8, 5) == 40   # at most one split per position
+    for pol in ("list", "lpt", "round_robin"):
+        assert qkv_reserve(ScheduleConfig(sm_assignment=pol), 8, 512) == 0
 
 
 def _build_flags():

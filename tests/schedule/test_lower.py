@@ -156,7 +156,7 @@ def test_list_idle_puts_attention_on_the_sms_qkv_leaves_idle():
     ("llama-3.2-1b", 512, "list_idle", 4, True),    # 96 QKV tasks leave 36 SMs: 8 x 4 attention tasks fit
     ("llama-3.1-8b", 512, "list_idle", 4, True),
     ("llama-3.2-3b", 512, "list_idle", 4, True),    # 80 QKV tasks leave 52
-    ("qwen3-0.6b", 512, "list", 8, False),          # 128 QKV tasks leave 4
+    ("qwen3-0.6b", 512, "list_idle", 4, True),     # 2 QKV tasks per head: 64 leave 68 (4 per head: 128 leave 4)
     ("llama-3.2-1b", 8192, "list", 16, False),      # long context: one wave of 16 splits per KV head
 ])
 def test_auto_assignment_splits_and_early_kv_hints(model, ctx, policy, splits, hinted):
