@@ -1,0 +1,126 @@
+"""Where a decode step's layers spend their time, from scripts/trace_raw.py's raw timestamps (no GPU needed).
+
+    python scripts/hop_anatomy.py raw_llama-3.2-1b_512_base.npz [--layers 2:14]
+
+Prints, averaged over the traced steps and the middle layers (us, relative to the layer's first QKV start):
+  * per family: execution start (first / median / last), done (first / median / last), median execution and wait;
+  * per family with marks (``--marks`` traces): entry / stage / main loop / closing barrier / signal segments;
+  * the signal lag of every hop: a waiting task's "waits met" stamp minus the last producer's "done" stamp;
+  * the layer's streaming profile: bytes the executing tasks consume per 0.5 us (each task's est_bytes spread
+    evenly over its execution; L2 hits count as well as HBM reads), as TB/s.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+import numpy as np
+
+ORDER = ["q", "k", "v", "qk_norm", "attn", "attn_merge", "o_proj", "prefetch", "gate_up", "down"]
+
+
+def families(labels) -> tuple[np.ndarray, np.ndarray]:
+    """'L3.gate_up[0:64]' -> ('gate_up', 3); 'lm_head[..]' -> ('lm_head', -1)."""
+    fam, lay = [], []
+    for s in labels:
+        m = re.match(r"L(\d+)\.([a-z_]+)", str(s))
+        fam.append(m.group(2) if m else re.match(r"[a-z_]*", str(s)).group(0))
+        lay.append(int(m.group(1)) if m else -1)
+    return np.array(fam), np.array(lay)
+
+
+def phases(d, fam, lay, layers) -> list[str]:
+    t0, t1, t2 = d["t0"] / 1e3, d["t1"] / 1e3, d["t2"] / 1e3
+    rows, span = {}, []
+    for s in range(t0.shape[0]):
+        for L in layers:
+            b = t1[s][(lay == L) & (fam == "q")].min()
+            nxt = (lay == L + 1) & (fam == "q")
+            if nxt.any():
+                span.append(t1[s][nxt].min() - b)
+            for f in ORDER:
+                m = (lay == L) & (fam == f)
+                if m.any():
+                    a1, a2 = t1[s][m] - b, t2[s][m] - b
+                    rows.setdefault(f, []).append([a1.min(), np.median(a1), a1.max(), a2.min(), np.median(a2),
+                                                   a2.max(), np.median(a2 - a1), np.median((t1[s] - t0[s])[m])])
+    out = ["family      start: first   med  last | done: first   med  last | exec  wait"]
+    for f in ORDER:
+        if f in rows:
+            a = np.array(rows[f]).mean(0)
+            out.append(f"{f:11s} {a[0]:12.2f} {a[1]:5.2f} {a[2]:5.2f} | {a[3]:11.2f} {a[4]:5.2f} {a[5]:5.2f} | "
+                       f"{a[6]:5.2f} {a[7]:5.2f}")
+    out.append(f"layer span {np.mean(span):.2f} us")
+    return out
+
+
+def segments(d, fam) -> list[str]:
+    if "marks" not in d.files or (d["marks"] < 0).all():
+        return ["(no marks: trace a -DAMK_MARKS=1 build, trace_raw.py --marks)"]
+    mk = d["marks"] / 1e3
+    t1, t2 = d["t1"] / 1e3, d["t2"] / 1e3
+    out = ["family      entry stage  main close signal (median us; tasks with all four marks)"]
+    for f in ORDER + ["lm_head"]:
+        m = (fam == f) & (d["marks"] > 0).all(axis=2).any(axis=0)
+        if m.any():
+            seg = [mk[:, m, 0] - t1[:, m], mk[:, m, 1] - mk[:, m, 0], mk[:, m, 2] - mk[:, m, 1],
+                   mk[:, m, 3] - mk[:, m, 2], t2[:, m] - mk[:, m, 3]]
+            out.append(f"{f:11s} " + " ".join(f"{np.median(x):5.2f}" for x in seg))
+    return out
+
+
+def lags(d, fam) -> list[str]:
+    t0, t1, t2 = d["t0"] / 1e3, d["t1"] / 1e3, d["t2"] / 1e3
+    prod: dict[int, list[int]] = {}
+    for i, c in enumerate(d["out_counter"]):
+        if c >= 0:
+            prod.setdefault(int(c), []).append(i)
+    res: dict[str, list[float]] = {}
+    for i, c in enumerate(d["wait0"]):
+        if c < 0 or int(c) not in prod:
+            continue
+        last = t2[:, prod[int(c)]].max(axis=1)
+        waited = t0[:, i] < last
+        res.setdefault(fam[i], []).extend((t1[waited, i] - last[waited]).tolist())
+    return ["family      signal lag median / p90 (us; tasks that waited)"] + \
+        [f"{f:11s} {np.median(v):5.2f} / {np.percentile(v, 90):5.2f}  (n={len(v)})" for f, v in res.items() if v]
+
+
+def profile(d, fam, lay, layer: int, dt: float = 0.5) -> list[str]:
+    t1, t2, eb = d["t1"][0] / 1e3, d["t2"][0] / 1e3, d["est_bytes"]
+    T = float(t2.max())
+    rate = np.zeros(int(T / dt) + 2)
+    for i in np.where((eb > 0) & (fam != "prefetch") & (t2 > t1))[0]:
+        a, b = t1[i], t2[i]
+        r = eb[i] / (b - a)
+        for k in range(int(a // dt), int(b // dt) + 1):
+            lo, hi = max(a, k * dt), min(b, (k + 1) * dt)
+            if hi > lo:
+                rate[k] += r * (hi - lo)
+    rate /= dt * 1e6   # TB/s
+    b0 = t1[(lay == layer) & (fam == "q")].min()
+    nxt = (lay == layer + 1) & (fam == "q")
+    b1 = t1[nxt].min() if nxt.any() else b0 + 60
+    out = [f"layer {layer}, step 0: consumed TB/s per {dt} us (est_bytes over each task's execution)"]
+    for k in range(int(b0 // dt), int(b1 // dt) + 1):
+        out.append(f"{k * dt - b0:6.1f} {rate[k]:5.2f} " + "#" * int(rate[k] * 20))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("npz")
+    ap.add_argument("--layers", default="2:14", help="middle layers to average, start:stop")
+    ap.add_argument("--profile-layer", type=int, default=8)
+    a = ap.parse_args()
+    d = np.load(a.npz)
+    fam, lay = families(d["label"])
+    lo, hi = (int(x) for x in a.layers.split(":"))
+    layers = [L for L in range(lo, hi) if ((lay == L) & (fam == "q")).any()]
+    for block in (phases(d, fam, lay, layers), segments(d, fam), lags(d, fam),
+                  profile(d, fam, lay, a.profile_layer)):
+        print("\n".join(block), end="\n\n")
+
+
+if __name__ == "__main__":
+    main()
