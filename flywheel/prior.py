@@ -1,7 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): sm_assignment auto and attn_splits auto
-('list_idle' with 4 splits on the llama presets at ctx 512, 'list' with 8 on qwen3-0.6b),
+('list_idle' with 4 splits on the presets at ctx 512),
 prefetch_depth 0, qkv_head_split auto (2 on the presets), wait_prefetch_kb 64, mlp_prefetch_kb 192
 (gate rows first),
 lm_head_rows auto (tiles of <= 512 rows in whole waves) and auto row tiles (gemv/mlp rows 16/64 on llama-3.2-1b).
@@ -70,9 +70,10 @@ KNOBS: tuple[Knob, ...] = (
          doc="QKV tasks per head (each takes a slice of the head's RoPE pairs) so the QKV phase uses more SMs; "
              "only with qkv_heads=1 and where it divides head_dim/2. With QK-norm (Qwen3) the split tasks write the "
              "raw rows and one QK_NORM_ROPE task per KV group applies QK-norm and RoPE (one more hop). 0 = auto: "
-             "the largest split whose QKV tasks fit one wave of SMs next to the attention tasks the idle placement puts "
-             "beside them (sm_assignment auto / list_idle, few splits), else in one wave alone: 2 on the presets "
-             "(qwen3-0.6b: 4 before, 1.7% slower, H100, docs/PERF.md twenty-fourth session)"),
+             "the largest split whose QKV tasks fit one wave of SMs next to the attention tasks the idle "
+             "placement puts beside them (sm_assignment auto / list_idle, few splits), else in one wave alone: 2 on "
+             "the presets (qwen3-0.6b: 4 before, 1.7-3.4% slower on the H100 and H200, docs/PERF.md twenty-fourth "
+             "session)"),
     Knob("attn_splits", int, 0, range=(0, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
              "0 = auto: for KV caches of up to 2048 positions 4 where n_kv_heads x 4 tasks fit the SMs the QKV "

@@ -162,8 +162,8 @@ def qkv_split_for(knob: int, qkv_heads: int, n_heads: int, n_kv: int, head_dim: 
     Qwen3-0.6B against 4 per head) the largest that fits the wave alone. ``reserve``
     (qkv_reserve): the attention tasks the idle placement puts on the SMs the QKV phase leaves free, so they load
     their KV history before their wait. 2 on the Llama presets (with or without the reserve) and on Qwen3-0.6B
-    (64 QKV tasks + 8 x 4 attention tasks; 4 without the reserve, 128 QKV tasks: -1.7% with 2, H100, docs/PERF.md,
-    twenty-fourth session). Only with qkv_heads=1."""
+    (64 QKV tasks + 8 x 4 attention tasks; 4 without the reserve, 128 QKV tasks: 1.7-3.4% slower, H100 and H200,
+    docs/PERF.md, twenty-fourth session). Only with qkv_heads=1."""
     if qkv_heads != 1:
         return 1
     ok = [s for s in (1, 2, 4, 8) if (head_dim // 2) % s == 0]
