@@ -5,9 +5,10 @@
 For each variant (trace_breakdown.py's NAME=JSON syntax): lower, check against transformers (a wrong program is
 never traced; a variant named diag:NAME is a diagnostic build, traced without the gate and timed as a bound),
 time (CUDA events), then trace ``--steps`` consecutive steps at position ctx (MegakernelVM.trace_step) and write
-$OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm, marks [steps, tasks, 4] (``--marks`` builds: op entry, input staged, main loop done, closing barrier; else -1), and the
-program's task table (label, op, queue position, first wait counter, out counter, est_bytes) for
-scripts/hop_anatomy.py, which takes the layers and their phase boundaries apart without the GPU.
+$OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm, marks [steps, tasks,
+4] (``--marks`` builds: op entry, input staged, main loop done, closing barrier; else -1), and the program's task
+table (label, op, queue position, first wait counter, out counter, est_bytes) for scripts/hop_anatomy.py, which
+takes the layers and their phase boundaries apart without the GPU.
 """
 from __future__ import annotations
 
