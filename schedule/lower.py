@@ -177,7 +177,7 @@ def qkv_reserve(cfg, n_kv: int, max_seq: int) -> int:
     """SMs the auto QKV split leaves for attention: n_kv x splits where the SM assignment may put attention on the
     SMs the QKV phase leaves idle ('auto' / 'list_idle') and the splits are known to be few (the attn_splits knob,
     or auto's IDLE_SPLITS up to AUTO_SPLITS_MAX_SEQ positions); 0 otherwise (long context: one wave of splits)."""
-    if cfg.sm_assignment not in ("auto", "list_idle"):
+    if cfg.sm_assignment not in IDLE_POLICIES:
         return 0
     splits = cfg.attn_splits or (IDLE_SPLITS if max_seq <= AUTO_SPLITS_MAX_SEQ else 0)
     return n_kv * min(splits, max_seq)
@@ -231,6 +231,7 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None,
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
 IDLE_SPLITS = 4   # ... or this many where they fit the SMs the QKV phase leaves idle
+IDLE_POLICIES = ("auto", "list_idle")   # sm_assignment values that may put attention on the SMs QKV leaves idle
 
 
 def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int, idle_sms: int = 0) -> int:
@@ -485,7 +486,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms,
                        qkv_reserve(cfg, c.n_kv_heads, S))  # QKV tasks per head
     # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
-    idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in ("auto", "list_idle") else 0
+    idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in IDLE_POLICIES else 0
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle)
     policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),

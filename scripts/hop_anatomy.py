@@ -12,21 +12,22 @@ Prints, averaged over the traced steps and the middle layers (us, relative to th
 from __future__ import annotations
 
 import argparse
-import re
+import pathlib
+import sys
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from scripts.trace_breakdown import family  # noqa: E402
 
 ORDER = ["q", "k", "v", "qk_norm", "attn", "attn_merge", "o_proj", "prefetch", "gate_up", "down"]
 
 
 def families(labels) -> tuple[np.ndarray, np.ndarray]:
-    """'L3.gate_up[0:64]' -> ('gate_up', 3); 'lm_head[..]' -> ('lm_head', -1)."""
-    fam, lay = [], []
-    for s in labels:
-        m = re.match(r"L(\d+)\.([a-z_]+)", str(s))
-        fam.append(m.group(2) if m else re.match(r"[a-z_]*", str(s)).group(0))
-        lay.append(int(m.group(1)) if m else -1)
-    return np.array(fam), np.array(lay)
+    """Per task: its family and layer (trace_breakdown.family), as arrays."""
+    fl = [family(str(s)) for s in labels]
+    return np.array([f for f, _ in fl]), np.array([layer for _, layer in fl])
 
 
 def phases(d, fam, lay, layers) -> list[str]:
