@@ -8,6 +8,8 @@ variant is built (its own cached extension), checked against transformers (eval.
 variant is never timed), then the variants are timed round-robin, `--rounds` times each (CUDA events, one median of
 `--iters` steps per round). Variants use trace_breakdown.py's NAME=JSON syntax (schedule keys + tma / stages /
 stage_bytes / nvcc build keys). Prints a table last (median, min, max, ratio to the first variant); JSON to $OUT.
+`--jobs N` builds the variants' extensions in N worker processes first (4 builds: ~40 s instead of ~4 min on a
+fresh device machine), so a multi-build A/B fits one device call.
 
 A variant named `diag:NAME` is a diagnostic build whose results are knowingly wrong (e.g. nvcc -DAMK_DBG_NOWAIT=1:
 no task waits for its inputs). It is timed WITHOUT the correctness gate and printed as a bound, never as a latency.
@@ -33,10 +35,39 @@ from schedule.lower import lower  # noqa: E402
 from scripts.trace_breakdown import parse_variant, set_build_env, variant_parser  # noqa: E402
 
 
+def _prebuild(model: str, dtype: str, ctx: int, variant: str) -> str:
+    """In a worker process: build (or find cached) the extension one variant needs, exactly as the timing process
+    will (MegakernelVM picks the spec from the program). Returns a one-line status."""
+    from vm.loader import MegakernelVM
+    name, cfg, build = parse_variant(variant)
+    set_build_env(build)
+    try:
+        g = load_model(model, dtype=dtype, device="cuda")
+        MegakernelVM(lower(g, get_target("auto"), cfg, max_seq=bench_max_seq(ctx)), g.weights)
+        return f"{name}: built"
+    except Exception as e:  # the timing pass reports it again, per variant
+        return f"{name}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def prebuild(a) -> None:
+    """Build every variant's extension in parallel worker processes (--jobs): one nvcc build takes ~1 min, so a
+    4-variant A/B otherwise spends most of a device call compiling one build after another."""
+    import concurrent.futures
+    import multiprocessing
+    t0 = time.time()
+    with concurrent.futures.ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        for r in ex.map(_prebuild, *zip(*[(a.model, a.dtype, a.ctx, v) for v in a.variants])):
+            print("prebuild", r, flush=True)
+    print(f"prebuild: {len(a.variants)} variants in {time.time() - t0:.0f} s", flush=True)
+
+
 def main():
     ap = variant_parser()
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--jobs", type=int, default=1, help="build the variants' extensions in this many processes first")
     a = ap.parse_args()
+    if a.jobs > 1:
+        prebuild(a)
     from vm.loader import MegakernelVM
     target = get_target("auto")
     g = load_model(a.model, dtype=a.dtype, device="cuda")
