@@ -117,7 +117,8 @@ KNOBS: tuple[Knob, ...] = (
              "before their wait): 'on' = every attention task, 'off' = none, 'auto' = a layer's attention tasks when "
              "the list policies estimate that every one of them idles on its SM at least as long as its KV takes to "
              "stream (what the idle placement of sm_assignment gives; right behind a QKV task the copies measured "
-             "1.4% slower, docs/PERF.md, thirteenth session)"),
+             "1.4% slower, docs/PERF.md, thirteenth session); at ctx 8192 / 32768, where auto hints none, 'on' "
+             "measured -0.2..-1.1% on llama presets but +0.9% on qwen3-0.6b at 8192 (twenty-fifth session)"),
     Knob("split_argmax", bool, True, choices=(True, False),
          doc="the next token's argmax in two steps: one ARGMAX_PARTIAL per LM-head tile (right after it) and one "
              "ARGMAX_MERGE over the tiles' winners, instead of one ARGMAX task reading the whole vocabulary on one "
