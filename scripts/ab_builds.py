@@ -33,17 +33,22 @@ from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
 from schedule.lower import lower  # noqa: E402
 from scripts.trace_breakdown import parse_variant, set_build_env, variant_parser  # noqa: E402
+from vm.loader import MegakernelVM, select_build  # noqa: E402
 
 
 def _prebuild(model: str, dtype: str, ctx: int, variant: str) -> str:
-    """In a worker process: build (or find cached) the extension one variant needs, exactly as the timing process
-    will (MegakernelVM picks the spec from the program). Returns a one-line status."""
-    from vm.loader import MegakernelVM
+    """In a worker process: build (or find cached) the extension one variant needs, chosen as the timing process's
+    MegakernelVM will (vm.loader.select_build: no weights are loaded). Returns a one-line status."""
+    import torch
+    from vm import jit
     name, cfg, build = parse_variant(variant)
     set_build_env(build)
     try:
-        g = load_model(model, dtype=dtype, device="cuda")
-        MegakernelVM(lower(g, get_target("auto"), cfg, max_seq=bench_max_seq(ctx)), g.weights)
+        prog = lower(load_model(model, dtype=dtype), get_target("auto"), cfg, max_seq=bench_max_seq(ctx))
+        threads, depth = jit.knobs_from_config(prog.config)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        with torch.cuda.device(dev):
+            jit.build(select_build(prog, dev, threads, depth).spec)
         return f"{name}: built"
     except Exception as e:  # the timing pass reports it again, per variant
         return f"{name}: {type(e).__name__}: {str(e)[:200]}"
@@ -51,7 +56,8 @@ def _prebuild(model: str, dtype: str, ctx: int, variant: str) -> str:
 
 def prebuild(a) -> None:
     """Build every variant's extension in parallel worker processes (--jobs): one nvcc build takes ~1 min, so a
-    4-variant A/B otherwise spends most of a device call compiling one build after another."""
+    4-variant A/B otherwise spends most of a device call compiling one build after another. The workers load no
+    weights (lowering needs only the model's shapes), so any model size fits."""
     import concurrent.futures
     import multiprocessing
     t0 = time.time()
@@ -68,7 +74,6 @@ def main():
     a = ap.parse_args()
     if a.jobs > 1:
         prebuild(a)
-    from vm.loader import MegakernelVM
     target = get_target("auto")
     g = load_model(a.model, dtype=a.dtype, device="cuda")
     vms, rows = {}, {}

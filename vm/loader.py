@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -234,6 +235,61 @@ def static_checks(program: MegakernelProgram) -> None:
                                       f"{b.id} '{b.name}' with {b.numel} elements")
 
 
+@dataclass(frozen=True)
+class BuildChoice:
+    """What select_build decided for a program on a device (MegakernelVM's shared-memory plan starts from it)."""
+    spec: Any             # vm.jit.BuildSpec
+    op_smem: int          # bytes of the largest op area
+    optin: int            # the device's opt-in shared memory per block
+    preload_want: int     # preload bytes the knobs ask for
+    attn: tuple[int, int]  # attention (stages, stage bytes) of the build
+
+
+def select_build(program: MegakernelProgram, device, threads: int, prefetch_depth: int, tma: bool | None = None,
+                 preload_kb: int | None = None) -> BuildChoice:
+    """The extension spec a program needs on ``device`` (a torch.device with an index): its weight / KV dtypes,
+    early-KV copies, preload, and the weight ring (sm_90+), which shrinks or goes away where it does not fit next
+    to the op area. Raises MegakernelError where a task cannot run on the device. Needs no weights."""
+    import torch
+    from vm import jit
+    props = torch.cuda.get_device_properties(device)
+    with torch.cuda.device(device):
+        arch = jit.device_arch(device.index)
+    knobs = launch_knobs(program.config)
+    want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
+    # one build per set of weight / KV-cache element types: the other types' code paths are not compiled
+    dtypes = jit.dtype_mask(device_dtype(b).value for b in program.buffers
+                            if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
+    # the early KV copies are compiled in only where some attention task carries the early_kv hint
+    early = any(t.params.get("early_kv", 0) for t in program.tasks)
+    spec = jit.spec_for(threads, prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes, attn_early=early)
+    wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
+    attn = (spec.attn_stages, spec.attn_stage_bytes)
+    for t in program.tasks:   # one key's K and V rows must fit an attention stage
+        if t.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
+            eb = device_dtype(program.buffers[t.inputs[1]]).nbytes
+            if attn_keys(int(t.params["head_dim"]), eb, spec.attn_stage_bytes) < 1:
+                raise MegakernelError(f"task {t.id} ({t.op}): one key's K and V rows ({2 * int(t.params['head_dim']) * eb} "
+                                      f"B) do not fit an attention stage of {spec.attn_stage_bytes} B "
+                                      f"(AMK_ATTN_STAGE_BYTES)")
+    need = [(smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4, t)
+            for t in program.tasks]
+    op_smem = max([16] + [n for n, _ in need])
+    optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
+    if op_smem + STATIC_SMEM_RESERVE > optin:
+        n, t = max(need, key=lambda x: x[0])
+        raise MegakernelError(f"task {t.id} ({t.op}) needs {n} B of dynamic shared memory; the device allows "
+                              f"{optin - STATIC_SMEM_RESERVE} B per block (opt-in {optin} B minus static use)")
+    if spec.tma:
+        fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
+        if fit < spec.stages:
+            spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)),
+                                preload=want > 0, dtypes=dtypes, attn_early=early)
+            if not spec.tma:   # no ring after all: op area without stash terms
+                op_smem = max([16] + [smem_floats(t, threads, attn=attn) * 4 for t in program.tasks])
+    return BuildChoice(spec, op_smem, optin, want, attn)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The VM
 # ------------------------------------------------------------------------------------------------------------------
@@ -267,46 +323,12 @@ class MegakernelVM:
         self.grid = len(program.queues)
         if self.grid < 1:
             raise MegakernelError("program has no queues")
-        # -- build: the weight ring (sm_90+) shrinks or goes away where it does not fit next to the op area -------
+        # -- build (no weights needed: scripts/ab_builds.py --jobs builds ahead through the same function) -------
+        b = select_build(program, self.device, self.threads, self.prefetch_depth, tma, preload_kb)
         with torch.cuda.device(self.device):
-            arch = jit.device_arch(self.device.index)
+            self.ext = jit.build(b.spec)
+        self.spec, op_smem, optin, want, attn = b.spec, b.op_smem, b.optin, b.preload_want, b.attn
         knobs = launch_knobs(program.config)
-        want = knobs["preload_bytes"] if preload_kb is None else int(preload_kb) * 1024
-        # one build per set of weight / KV-cache element types: the other types' code paths are not compiled
-        dtypes = jit.dtype_mask(device_dtype(b).value for b in program.buffers
-                                if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
-        # the early KV copies are compiled in only where some attention task carries the early_kv hint
-        early = any(t.params.get("early_kv", 0) for t in program.tasks)
-        spec = jit.spec_for(self.threads, self.prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes,
-                            attn_early=early)
-        wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
-        attn = (spec.attn_stages, spec.attn_stage_bytes)
-        for t in program.tasks:   # one key's K and V rows must fit an attention stage
-            if t.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-                eb = device_dtype(program.buffers[t.inputs[1]]).nbytes
-                if attn_keys(int(t.params["head_dim"]), eb, spec.attn_stage_bytes) < 1:
-                    raise MegakernelError(f"task {t.id} ({t.op}): one key's K and V rows ({2 * int(t.params['head_dim']) * eb} "
-                                          f"B) do not fit an attention stage of {spec.attn_stage_bytes} B "
-                                          f"(AMK_ATTN_STAGE_BYTES)")
-        need = [(smem_floats(t, self.threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4, t)
-                for t in program.tasks]
-        op_smem = max([16] + [n for n, _ in need])
-        optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
-        if op_smem + STATIC_SMEM_RESERVE > optin:
-            n, t = max(need, key=lambda x: x[0])
-            raise MegakernelError(f"task {t.id} ({t.op}) needs {n} B of dynamic shared memory; the device allows "
-                                  f"{optin - STATIC_SMEM_RESERVE} B per block (opt-in {optin} B minus static use)")
-        with torch.cuda.device(self.device):
-            if spec.tma:
-                fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
-                if fit < spec.stages:
-                    spec = jit.spec_for(self.threads, self.prefetch_depth, arch, fit >= 2,
-                                        stages=max(2, min(fit, spec.stages)), preload=want > 0, dtypes=dtypes,
-                                        attn_early=early)
-                    if not spec.tma:   # no ring after all: op area without stash terms
-                        op_smem = max([16] + [smem_floats(t, self.threads, attn=attn) * 4 for t in program.tasks])
-            self.ext = jit.build(spec)
-        self.spec = spec
         self.build_stats = dict(jit.LAST_BUILD)
         check_layout(self.ext.layout(), abi.layout_table())
         info = self.ext.build_info()
