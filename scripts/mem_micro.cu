@@ -1,0 +1,205 @@
+// Microbenchmark (issue 4, device only): per-SM streaming rates of the memory paths a GEMV tile can take, with no
+// megakernel around them. One block of 512 threads per SM; every mode is timed on all SMs and on 16 SMs (where the
+// HBM has room and per-SM limits show); best of 5 launches. Results: docs/PERF.md, twenty-sixth session.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a scripts/mem_micro.cu -o /tmp/mem_micro && /tmp/mem_micro
+//
+// Questions it answers:
+//   * reg N: 16-byte register loads, N per lane in flight (the GEMV loop: 8 per lane = 64 KB per SM), HBM stream;
+//   * l2 N: the same loads re-reading a per-SM slice that stays in L2 (is an L2 hit under load faster per SM?);
+//   * mix: warps 0-7 re-read the L2 slice, warps 8-15 stream from HBM (a gate/up tile with its gate rows in L2);
+//   * bulk S x B: S one-dimensional bulk copies (cp.async.bulk) of B bytes each in flight, issued by one thread,
+//     nobody reads the data (the raw rate of the copy engine path at that depth);
+//   * "evict-first hint": the same with the L2 evict-first cache policy the megakernel's weight loads carry;
+//   * ldgsts N: 16-byte cp.async copies into shared memory, N per lane in flight (commit groups, wait_group).
+#include <cstdio>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+
+constexpr int kThreads = 512;
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// hint: the L2 evict-first policy the megakernel's weight loads carry (AmkSrcGlobal)
+template <bool hint>
+__device__ __forceinline__ uint4 ldg(const uint4* p, uint64_t pol) {
+  uint4 v;
+  if (hint)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Each lane keeps N loads in flight; the block walks `bytes` of src (passes times) in 512 * N * 16-byte batches.
+// l2_warps > 0: warps below it read the `l2src` slice of l2_bytes over and over instead (their share of the work).
+template <int N, bool hint = false>
+__global__ void __launch_bounds__(kThreads, 1) k_reg(const char* __restrict__ src, size_t bytes, int passes,
+                                                    const char* __restrict__ l2src, size_t l2_bytes, int l2_warps,
+                                                    float* out) {
+  const int warp = threadIdx.x / 32;
+  const bool l2 = warp < l2_warps;
+  const int nt = l2_warps > 0 ? (l2 ? l2_warps : kThreads / 32 - l2_warps) * 32 : kThreads;
+  const int t = l2_warps > 0 ? (l2 ? threadIdx.x : threadIdx.x - l2_warps * 32) : threadIdx.x;
+  const uint4* base = (const uint4*)(l2 ? l2src + blockIdx.x * l2_bytes : src + blockIdx.x * bytes);
+  const size_t n = (l2 ? l2_bytes : bytes) / 16;
+  const int reps = l2 ? passes : 1;
+  const uint64_t pol = hint ? evict_first() : 0;
+  float acc = 0.f;
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = t; i < n; i += (size_t)N * nt) {
+      uint4 v[N];
+#pragma unroll
+      for (int u = 0; u < N; ++u) {
+        const size_t j = i + (size_t)u * nt;
+        v[u] = j < n ? ldg<hint>(base + j, pol) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < N; ++u) acc += __uint_as_float(v[u].x ^ v[u].w);
+    }
+  }
+  if (acc == 12345.f) out[0] = acc;
+}
+
+extern __shared__ __align__(128) unsigned char dyn[];
+
+// S bulk copies of B bytes in flight, thread 0 issues and waits (full barriers only: nobody reads the slots).
+template <bool hint = false>
+__global__ void __launch_bounds__(kThreads, 1) k_bulk(const char* __restrict__ src, size_t bytes, int S, int B,
+                                                     float* out) {
+  __shared__ __align__(8) uint64_t bars[64];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < S; ++s)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(bars + s)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const char* p = src + blockIdx.x * bytes;
+  const uint32_t nst = (uint32_t)(bytes / B);
+  for (uint32_t k = 0; k < nst + S; ++k) {
+    if (k >= (uint32_t)S) {  // wait for copy k - S, then reuse its slot
+      const uint32_t j = k - S, bar = saddr(bars + j % S), par = (j / S) & 1;
+      uint32_t ok = 0;
+      while (!ok)
+        asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
+                     : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+    }
+    if (k < nst) {
+      const uint32_t bar = saddr(bars + k % S);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(B) : "memory");
+      const uint32_t dst = saddr(dyn + (size_t)(k % S) * B);
+      if (hint)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                     "[%3], %4;" :: "r"(dst), "l"(p + (size_t)k * B), "r"(B), "r"(bar), "l"(evict_first()) : "memory");
+      else
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     :: "r"(dst), "l"(p + (size_t)k * B), "r"(B), "r"(bar) : "memory");
+    }
+  }
+  if (bytes == 12345) out[0] = 0.f;
+}
+
+// N 16-byte cp.async copies per lane in flight (one commit group per batch, two batches overlapping).
+template <int N>
+__global__ void __launch_bounds__(kThreads, 1) k_ldgsts(const char* __restrict__ src, size_t bytes, float* out) {
+  const uint4* base = (const uint4*)(src + blockIdx.x * bytes);
+  const size_t n = bytes / 16, step = (size_t)N / 2 * kThreads;
+  int b = 0;
+  for (size_t i = threadIdx.x; i < n; i += step, b ^= 1) {
+#pragma unroll
+    for (int u = 0; u < N / 2; ++u) {
+      const size_t j = i + (size_t)u * kThreads;
+      const uint32_t dst = saddr(dyn + ((size_t)(b * (N / 2) + u) * kThreads + threadIdx.x) * 16);
+      if (j < n) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(base + j) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (bytes == 12345) out[0] = 0.f;
+}
+
+int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t per_block = 4u << 20;   // 4 MB per SM streamed: ~528 MB in all, 10x the L2
+  const size_t l2_slice = 128u << 10;  // 128 KB per SM re-read: ~17 MB in all, a third of the L2
+  const int passes = 32;
+  char *w, *l2w;
+  float* out;
+  CK(cudaMalloc(&w, per_block * sms));
+  CK(cudaMemset(w, 1, per_block * sms));
+  CK(cudaMalloc(&l2w, l2_slice * sms));
+  CK(cudaMemset(l2w, 1, l2_slice * sms));
+  CK(cudaMalloc(&out, 4));
+  CK(cudaFuncSetAttribute(k_bulk<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(k_bulk<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(k_ldgsts<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(k_ldgsts<24>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  auto best_ms = [&](auto launch) {
+    launch();
+    cudaDeviceSynchronize();
+    float best = 1e9f;
+    for (int r = 0; r < 5; ++r) {
+      cudaEventRecord(a);
+      launch();
+      cudaEventRecord(b);
+      cudaEventSynchronize(b);
+      float ms;
+      cudaEventElapsedTime(&ms, a, b);
+      best = ms < best ? ms : best;
+    }
+    return best;
+  };
+  for (int grid : {sms, 16}) {
+    printf("\n%-40s %9s %9s   (%d blocks of %d threads)\n", "mode", "GB/s", "GB/s/SM", grid, kThreads);
+    auto row = [&](const char* name, double bytes_per_block, float ms) {
+      const double g = bytes_per_block * grid / (ms * 1e-3) / 1e9;
+      printf("%-40s %9.0f %9.1f\n", name, g, g / grid);
+    };
+    row("reg 8/lane (64 KB/SM), HBM", per_block,
+        best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+    row("reg 8/lane, HBM, evict-first hint", per_block,
+        best_ms([&] { k_reg<8, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+    row("reg 16/lane (128 KB/SM), HBM", per_block,
+        best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+    row("l2 8/lane (64 KB/SM), 128 KB slice", (double)l2_slice * passes,
+        best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+    row("l2 16/lane (128 KB/SM), 128 KB slice", (double)l2_slice * passes,
+        best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+    // mix: 8 warps stream 1 MB from HBM while the other 8 re-read the slice `mp` times (about as long)
+    const size_t mix_hbm = 1u << 20;
+    for (int mp : {2, 4, 8}) {
+      char name[64];
+      snprintf(name, sizeof name, "mix 8/lane: 1 MB HBM + %dx128 KB L2", mp);
+      row(name, (double)mix_hbm + (double)l2_slice * mp,
+          best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+    }
+    const int cfgs[][2] = {{4, 32768}, {6, 32768}, {8, 16384}, {16, 8192}, {32, 4096}, {48, 4096}, {12, 16384}};
+    for (const auto& c : cfgs) {
+      char name[64];
+      snprintf(name, sizeof name, "bulk %2d x %5d B (%3d KB/SM)", c[0], c[1], c[0] * c[1] / 1024);
+      row(name, per_block, best_ms([&] { k_bulk<<<grid, kThreads, c[0] * c[1]>>>(w, per_block, c[0], c[1], out); }));
+    }
+    row("bulk  4 x 32768 B, evict-first hint", per_block,
+        best_ms([&] { k_bulk<true><<<grid, kThreads, 4 * 32768>>>(w, per_block, 4, 32768, out); }));
+    row("ldgsts 16/lane (128 KB/SM)", per_block,
+        best_ms([&] { k_ldgsts<16><<<grid, kThreads, 16 * kThreads * 16>>>(w, per_block, out); }));
+    row("ldgsts 24/lane (192 KB/SM)", per_block,
+        best_ms([&] { k_ldgsts<24><<<grid, kThreads, 24 * kThreads * 16>>>(w, per_block, out); }));
+    CK(cudaGetLastError());
+  }
+  return 0;
+}
