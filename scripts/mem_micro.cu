@@ -8,6 +8,8 @@
 //   * reg N: 16-byte register loads, N per lane in flight (the GEMV loop: 8 per lane = 64 KB per SM), HBM stream;
 //   * l2 N: the same loads re-reading a per-SM slice that stays in L2 (is an L2 hit under load faster per SM?);
 //   * mix: warps 0-7 re-read the L2 slice, warps 8-15 stream from HBM (a gate/up tile with its gate rows in L2);
+//   * "+ bf16 FMA": each chunk also multiplied with fp32 x from shared memory (the GEMV loop's work); "pipe 2x4":
+//     the same 8 loads per lane software-pipelined in two halves (k_reg pipe), so loads stay in flight while summing;
 //   * bulk S x B: S one-dimensional bulk copies (cp.async.bulk) of B bytes each in flight, issued by one thread,
 //     nobody reads the data (the raw rate of the copy engine path at that depth);
 //   * "evict-first hint": the same with the L2 evict-first cache policy the megakernel's weight loads carry;
@@ -41,31 +43,92 @@ __device__ __forceinline__ uint4 ldg(const uint4* p, uint64_t pol) {
   return v;
 }
 
+// acc += one 16-byte chunk of bf16 weights j times fp32 x from shared memory (the GEMV loop's work per chunk,
+// K = 2048: x chunk j mod 256), or a cheap use of the bytes without fma.
+template <bool fma>
+__device__ __forceinline__ void use(const uint4& v, size_t j, const float* xs, float& acc) {
+  if (fma) {
+    const int ch = (int)(j & 255);
+    const float4 x0 = *(const float4*)(xs + ch * 8), x1 = *(const float4*)(xs + ch * 8 + 4);
+    acc = fmaf(__uint_as_float(v.x << 16), x0.x, acc); acc = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, acc);
+    acc = fmaf(__uint_as_float(v.y << 16), x0.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, acc);
+    acc = fmaf(__uint_as_float(v.z << 16), x1.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, acc);
+    acc = fmaf(__uint_as_float(v.w << 16), x1.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, acc);
+  } else {
+    acc += __uint_as_float(v.x ^ v.w);
+  }
+}
+
+// What one thread of a k_reg block walks: warps below l2_warps re-read the block's l2src slice `passes`
+// times, the others stream the block's bytes of src once; t / nt: the thread's index / count in its group.
+struct Walk {
+  const uint4* base;
+  size_t n;
+  int t, nt, reps;
+};
+__device__ __forceinline__ Walk walk(const char* src, size_t bytes, int passes, const char* l2src, size_t l2_bytes,
+                                     int l2_warps) {
+  const bool l2 = (int)threadIdx.x / 32 < l2_warps;
+  Walk w;
+  w.nt = l2_warps > 0 ? (l2 ? l2_warps : kThreads / 32 - l2_warps) * 32 : kThreads;
+  w.t = l2_warps > 0 ? (l2 ? (int)threadIdx.x : (int)threadIdx.x - l2_warps * 32) : (int)threadIdx.x;
+  w.base = (const uint4*)(l2 ? l2src + blockIdx.x * l2_bytes : src + blockIdx.x * bytes);
+  w.n = (l2 ? l2_bytes : bytes) / 16;
+  w.reps = l2 ? passes : 1;
+  return w;
+}
+
+// x of the FMA work: fp32 in shared memory, as the GEMV loop stages it.
+__device__ __forceinline__ void init_x(float* xs) {
+  for (int i = threadIdx.x; i < 2048; i += kThreads) xs[i] = 1.0f + 1e-3f * i;
+  __syncthreads();
+}
+
 // Each lane keeps N loads in flight; the block walks `bytes` of src (passes times) in 512 * N * 16-byte batches.
 // l2_warps > 0: warps below it read the `l2src` slice of l2_bytes over and over instead (their share of the work).
-template <int N, bool hint = false>
+// pipe (N = 8): the 8 loads software-pipelined in two halves -- a half's next loads are issued right after it is
+// used, so 4 stay in flight while the other half is summed (otherwise the next 8 go out only after all 8 are summed).
+template <int N, bool hint = false, bool fma = false, bool pipe = false>
 __global__ void __launch_bounds__(kThreads, 1) k_reg(const char* __restrict__ src, size_t bytes, int passes,
                                                     const char* __restrict__ l2src, size_t l2_bytes, int l2_warps,
                                                     float* out) {
-  const int warp = threadIdx.x / 32;
-  const bool l2 = warp < l2_warps;
-  const int nt = l2_warps > 0 ? (l2 ? l2_warps : kThreads / 32 - l2_warps) * 32 : kThreads;
-  const int t = l2_warps > 0 ? (l2 ? threadIdx.x : threadIdx.x - l2_warps * 32) : threadIdx.x;
-  const uint4* base = (const uint4*)(l2 ? l2src + blockIdx.x * l2_bytes : src + blockIdx.x * bytes);
-  const size_t n = (l2 ? l2_bytes : bytes) / 16;
-  const int reps = l2 ? passes : 1;
+  static_assert(!pipe || N == 8, "the pipelined walk is two halves of 4");
+  __shared__ __align__(16) float xs[2048];
+  init_x(xs);
+  const Walk wk = walk(src, bytes, passes, l2src, l2_bytes, l2_warps);
+  const uint4* base = wk.base;
+  const size_t n = wk.n, nt = (size_t)wk.nt;
   const uint64_t pol = hint ? evict_first() : 0;
   float acc = 0.f;
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = t; i < n; i += (size_t)N * nt) {
-      uint4 v[N];
+  auto load = [&](uint4* v, int k, size_t i) {
 #pragma unroll
-      for (int u = 0; u < N; ++u) {
-        const size_t j = i + (size_t)u * nt;
-        v[u] = j < n ? ldg<hint>(base + j, pol) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < k; ++u) {
+      const size_t j = i + (size_t)u * nt;
+      v[u] = j < n ? ldg<hint>(base + j, pol) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto sum = [&](const uint4* v, int k, size_t i) {
+#pragma unroll
+    for (int u = 0; u < k; ++u) use<fma>(v[u], i + (size_t)u * nt, xs, acc);
+  };
+  for (int rep = 0; rep < wk.reps; ++rep) {
+    if constexpr (pipe) {
+      uint4 a[4], b[4];
+      size_t i = wk.t;
+      load(a, 4, i);
+      load(b, 4, i + 4 * nt);
+      for (; i < n; i += 8 * nt) {
+        sum(a, 4, i);
+        load(a, 4, i + 8 * nt);
+        sum(b, 4, i + 4 * nt);
+        load(b, 4, i + 12 * nt);
       }
-#pragma unroll
-      for (int u = 0; u < N; ++u) acc += __uint_as_float(v[u].x ^ v[u].w);
+    } else {
+      for (size_t i = wk.t; i < n; i += N * nt) {
+        uint4 v[N];
+        load(v, N, i);
+        sum(v, N, i);
+      }
     }
   }
   if (acc == 12345.f) out[0] = acc;
@@ -171,12 +234,20 @@ int main() {
     };
     row("reg 8/lane (64 KB/SM), HBM", per_block,
         best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+    row("reg 8/lane, HBM, + bf16 FMA", per_block,
+        best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+    row("pipe 2x4/lane, HBM, + bf16 FMA", per_block,
+        best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("reg 8/lane, HBM, evict-first hint", per_block,
         best_ms([&] { k_reg<8, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("reg 16/lane (128 KB/SM), HBM", per_block,
         best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("l2 8/lane (64 KB/SM), 128 KB slice", (double)l2_slice * passes,
         best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+    row("l2 8/lane + bf16 FMA", (double)l2_slice * passes,
+        best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+    row("l2 pipe 2x4/lane + bf16 FMA", (double)l2_slice * passes,
+        best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     row("l2 16/lane (128 KB/SM), 128 KB slice", (double)l2_slice * passes,
         best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     // mix: 8 warps stream 1 MB from HBM while the other 8 re-read the slice `mp` times (about as long)
@@ -186,6 +257,12 @@ int main() {
       snprintf(name, sizeof name, "mix 8/lane: 1 MB HBM + %dx128 KB L2", mp);
       row(name, (double)mix_hbm + (double)l2_slice * mp,
           best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+      snprintf(name, sizeof name, "  ... + bf16 FMA");
+      row(name, (double)mix_hbm + (double)l2_slice * mp,
+          best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+      snprintf(name, sizeof name, "  ... pipe 2x4 + bf16 FMA");
+      row(name, (double)mix_hbm + (double)l2_slice * mp,
+          best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
     }
     const int cfgs[][2] = {{4, 32768}, {6, 32768}, {8, 16384}, {16, 8192}, {32, 4096}, {48, 4096}, {12, 16384}};
     for (const auto& c : cfgs) {
