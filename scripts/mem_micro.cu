@@ -14,15 +14,10 @@
 //     nobody reads the data (the raw rate of the copy engine path at that depth);
 //   * "evict-first hint": the same with the L2 evict-first cache policy the megakernel's weight loads carry;
 //   * ldgsts N: 16-byte cp.async copies into shared memory, N per lane in flight (commit groups, wait_group).
-#include <cstdio>
-#include <cstdint>
-#include <cuda_runtime.h>
-
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
+#include "micro_common.cuh"  // CK, saddr, micro_best_ms
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ uint64_t evict_first() {
   uint64_t pol;
@@ -208,24 +203,6 @@ int main() {
   CK(cudaFuncSetAttribute(k_bulk<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(k_ldgsts<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   CK(cudaFuncSetAttribute(k_ldgsts<24>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  auto best_ms = [&](auto launch) {
-    launch();
-    cudaDeviceSynchronize();
-    float best = 1e9f;
-    for (int r = 0; r < 5; ++r) {
-      cudaEventRecord(a);
-      launch();
-      cudaEventRecord(b);
-      cudaEventSynchronize(b);
-      float ms;
-      cudaEventElapsedTime(&ms, a, b);
-      best = ms < best ? ms : best;
-    }
-    return best;
-  };
   for (int grid : {sms, 16}) {
     printf("\n%-40s %9s %9s   (%d blocks of %d threads)\n", "mode", "GB/s", "GB/s/SM", grid, kThreads);
     auto row = [&](const char* name, double bytes_per_block, float ms) {
@@ -233,49 +210,49 @@ int main() {
       printf("%-40s %9.0f %9.1f\n", name, g, g / grid);
     };
     row("reg 8/lane (64 KB/SM), HBM", per_block,
-        best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+        micro_best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("reg 8/lane, HBM, + bf16 FMA", per_block,
-        best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+        micro_best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("pipe 2x4/lane, HBM, + bf16 FMA", per_block,
-        best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+        micro_best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("reg 8/lane, HBM, evict-first hint", per_block,
-        best_ms([&] { k_reg<8, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+        micro_best_ms([&] { k_reg<8, true><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("reg 16/lane (128 KB/SM), HBM", per_block,
-        best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
+        micro_best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, per_block, 1, l2w, 0, 0, out); }));
     row("l2 8/lane (64 KB/SM), 128 KB slice", (double)l2_slice * passes,
-        best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+        micro_best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     row("l2 8/lane + bf16 FMA", (double)l2_slice * passes,
-        best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+        micro_best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     row("l2 pipe 2x4/lane + bf16 FMA", (double)l2_slice * passes,
-        best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+        micro_best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     row("l2 16/lane (128 KB/SM), 128 KB slice", (double)l2_slice * passes,
-        best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
+        micro_best_ms([&] { k_reg<16><<<grid, kThreads>>>(w, 0, passes, l2w, l2_slice, 16, out); }));
     // mix: 8 warps stream 1 MB from HBM while the other 8 re-read the slice `mp` times (about as long)
     const size_t mix_hbm = 1u << 20;
     for (int mp : {2, 4, 8}) {
       char name[64];
       snprintf(name, sizeof name, "mix 8/lane: 1 MB HBM + %dx128 KB L2", mp);
       row(name, (double)mix_hbm + (double)l2_slice * mp,
-          best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+          micro_best_ms([&] { k_reg<8><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
       snprintf(name, sizeof name, "  ... + bf16 FMA");
       row(name, (double)mix_hbm + (double)l2_slice * mp,
-          best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+          micro_best_ms([&] { k_reg<8, false, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
       snprintf(name, sizeof name, "  ... pipe 2x4 + bf16 FMA");
       row(name, (double)mix_hbm + (double)l2_slice * mp,
-          best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
+          micro_best_ms([&] { k_reg<8, false, true, true><<<grid, kThreads>>>(w, mix_hbm, mp, l2w, l2_slice, 8, out); }));
     }
     const int cfgs[][2] = {{4, 32768}, {6, 32768}, {8, 16384}, {16, 8192}, {32, 4096}, {48, 4096}, {12, 16384}};
     for (const auto& c : cfgs) {
       char name[64];
       snprintf(name, sizeof name, "bulk %2d x %5d B (%3d KB/SM)", c[0], c[1], c[0] * c[1] / 1024);
-      row(name, per_block, best_ms([&] { k_bulk<<<grid, kThreads, c[0] * c[1]>>>(w, per_block, c[0], c[1], out); }));
+      row(name, per_block, micro_best_ms([&] { k_bulk<<<grid, kThreads, c[0] * c[1]>>>(w, per_block, c[0], c[1], out); }));
     }
     row("bulk  4 x 32768 B, evict-first hint", per_block,
-        best_ms([&] { k_bulk<true><<<grid, kThreads, 4 * 32768>>>(w, per_block, 4, 32768, out); }));
+        micro_best_ms([&] { k_bulk<true><<<grid, kThreads, 4 * 32768>>>(w, per_block, 4, 32768, out); }));
     row("ldgsts 16/lane (128 KB/SM)", per_block,
-        best_ms([&] { k_ldgsts<16><<<grid, kThreads, 16 * kThreads * 16>>>(w, per_block, out); }));
+        micro_best_ms([&] { k_ldgsts<16><<<grid, kThreads, 16 * kThreads * 16>>>(w, per_block, out); }));
     row("ldgsts 24/lane (192 KB/SM)", per_block,
-        best_ms([&] { k_ldgsts<24><<<grid, kThreads, 24 * kThreads * 16>>>(w, per_block, out); }));
+        micro_best_ms([&] { k_ldgsts<24><<<grid, kThreads, 24 * kThreads * 16>>>(w, per_block, out); }));
     CK(cudaGetLastError());
   }
   return 0;

@@ -11,5 +11,5 @@ for CFG in "$@"; do
   echo "== $CFG"
   ncu --kernel-name amk_megakernel --launch-skip 4 --launch-count 1 --metrics $M --csv \
       python scripts/profile_step.py "$MODEL" --ctx "$CTX" --steps 6 --config "$CFG" 2>/dev/null \
-      | grep -E '"(dram|lts|gpu)__' | awk -F'","' '{print $(NF-2), $(NF-1), $NF}'
+      | grep -E '"(dram|lts|gpu)__' | awk -F'","' '{print $(NF-2), $(NF-1), $NF}' | tr -d '"'
 done

@@ -10,13 +10,8 @@
 //   gemv = the megakernel's GEMV consumer (bf16 rows, fp32 x in shared memory, warp sums) with thread 0 producing
 //   between its own stages; gemv producer-warp = the same consumer on 15 warps and a warp that only produces;
 //   test-spin / try_wait: how consumers poll a stage's full barrier. Results: docs/PERF.md, fifteenth session.
-#include <cstdio>
-#include <cstdint>
-#include <cuda_runtime.h>
+#include "micro_common.cuh"  // CK, saddr, micro_best_ms
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
-
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mb_init(uint32_t b, uint32_t n) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b), "r"(n) : "memory");
 }
@@ -179,25 +174,8 @@ int main() {
   CK(cudaMemset(w, 1, per_block * sms));
   CK(cudaMalloc(&out, 4));
   CK(cudaFuncSetAttribute(k_bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
   int grid = sms;
-  auto timeit = [&](auto launch) {
-    launch();
-    cudaDeviceSynchronize();
-    float best = 1e9f;
-    for (int r = 0; r < 5; ++r) {
-      cudaEventRecord(a);
-      launch();
-      cudaEventRecord(b);
-      cudaEventSynchronize(b);
-      float ms;
-      cudaEventElapsedTime(&ms, a, b);
-      best = ms < best ? ms : best;
-    }
-    return (double)per_block * grid / (best * 1e-3) / 1e9;
-  };
+  auto timeit = [&](auto launch) { return (double)per_block * grid / (micro_best_ms(launch) * 1e-3) / 1e9; };
   for (int gr : {sms, 16}) {
   grid = gr;
   printf("%-44s %8s %10s   (%d blocks)\n", "mode", "GB/s", "GB/s/SM", grid);
