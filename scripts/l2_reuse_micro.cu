@@ -3,7 +3,9 @@
 // rows re-read by the SM that loaded them at ~45 GB/s per SM (mem_micro.cu), while the megakernel's gate/up tiles,
 // whose gate rows an L2_PREFETCH task asked for, stream at ~26 GB/s per SM with 37% of their bytes from L2.
 // Results (docs/PERF.md, twenty-seventh session): the prefetch instructions leave ~60% of what they ask for off chip
-// and the rest mostly in the address's home L2 partition; bytes brought in by loads or bulk copies are all there.
+// (asked 2-3 times, all of it lands), and what lands sits in the address's home L2 partition: the half homed in the
+// other partition crosses the L2 fabric and reads no faster than DRAM. Lines brought in by loads or bulk copies keep
+// a copy in the loader's partition and read ~30% faster.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a scripts/l2_reuse_micro.cu -o /tmp/l2_reuse && /tmp/l2_reuse
 //   /tmp/l2_reuse "mode name"      (that mode once: for ncu, see scripts/ncu_l2_reuse.sh)
@@ -12,7 +14,8 @@
 // each, in two [tiles * 64, 2048] matrices as in a checkpoint). One launch per measurement:
 //   1. (after an L2 flush kernel) block b fetches the first 192 KB of the gate rows of tile (b + shift) % n:
 //      cp.async.bulk.prefetch.L2 (as the megakernel's L2_PREFETCH task and wait prefetch), with an L2 policy,
-//      paced or in other piece sizes; prefetch.global.L2 per line; plain loads; or bulk copies into shared memory;
+//      paced, in other piece sizes or asked again 2 us later; prefetch.global.L2 per line; plain loads; or bulk
+//      copies into shared memory;
 //   2. grid barrier, thread 0 of every block sleeps `delay` us (the attention chain), grid barrier;
 //   3. timed (globaltimer, per block): the tile's row-pair loop as the megakernel's GEMV_SILU_MUL runs it -- each
 //      warp 4 row pairs, per iteration 4 x 16 B of the gate row and 4 x 16 B of the up row per lane in flight
@@ -86,6 +89,7 @@ struct Mode {
   int only_pf;   // 1: the timed loop reads only the fetched head of the gate rows (is it in L2?)
   int piece;     // bulk prefetch: bytes per instruction (0: 16 KB)
   int pace_ns;   // bulk prefetch: one piece per pace_ns (0: all at once)
+  int repeat;    // bulk prefetch: the whole range asked for this many times, 2 us apart (0: once)
 };
 
 __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const char* up, Mode m, unsigned* bars,
@@ -105,7 +109,12 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
           const uint64_t pol = m.fetch == F_BULK_LAST ? policy_last() : policy_normal();
           const int piece = m.piece > 0 ? m.piece : 16384;
           uint64_t next = gtime();
+          for (int r = 0; r < (m.repeat > 0 ? m.repeat : 1); ++r)
           for (int o = 0; o < bytes; o += piece) {
+            if (r > 0 && o == 0) {  // the next round 2 us after the previous one started
+              const uint64_t t0 = gtime();
+              while (gtime() - t0 < 2000) __nanosleep(64);
+            }
             const unsigned sz = min(piece, bytes - o);
             if (m.pace_ns > 0) {  // one piece per pace_ns
               while (gtime() < next) __nanosleep(64);
@@ -245,6 +254,8 @@ int main(int argc, char** argv) {
       {"bulk pf 64 KB pieces", F_BULK, 0, K192, 30, 0, 1, 0, 65536},
       {"bulk pf 16 KB paced 500 ns", F_BULK, 0, K192, 30, 0, 1, 0, 16384, 500},
       {"bulk pf 16 KB paced 2000 ns", F_BULK, 0, K192, 30, 0, 1, 0, 16384, 2000},
+      {"bulk pf 4 KB pieces, asked twice", F_BULK, 0, K192, 30, 0, 1, 0, 4096, 0, 2},
+      {"bulk pf 4 KB pieces, asked 3 times", F_BULK, 0, K192, 30, 0, 1, 0, 4096, 0, 3},
       {"bulk pf evict_last policy", F_BULK_LAST, 0, K192, 30, 0, 1, 0},
       {"bulk pf evict_normal policy", F_BULK_NORMAL, 0, K192, 30, 0, 1, 0},
       {"prefetch.global.L2 lines", F_LINE, 0, K192, 30, 0, 1, 0},
@@ -260,6 +271,8 @@ int main(int argc, char** argv) {
       {"only fetched rows: bulk pf", F_BULK, 0, K192, 30, 0, 1, 1},
       {"only fetched rows: bulk pf paced 1000", F_BULK, 0, K192, 30, 0, 1, 1, 16384, 1000},
       {"only fetched rows: line pf", F_LINE, 0, K192, 30, 0, 1, 1},
+      {"only fetched rows: bulk pf 4 KB x2", F_BULK, 0, K192, 30, 0, 1, 1, 4096, 0, 2},
+      {"only fetched rows: bulk pf 4 KB x3", F_BULK, 0, K192, 30, 0, 1, 1, 4096, 0, 3},
       {"only fetched rows: ld", F_LD, 0, K192, 30, 0, 1, 1},
       {"only fetched rows: bulk copy", F_COPY, 0, K192, 30, 0, 1, 1},
   };
