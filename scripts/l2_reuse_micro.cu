@@ -26,7 +26,7 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
-#include "micro_common.cuh"  // CK, saddr
+#include "micro_common.cuh"  // CK, saddr, L2 policies, ldg_w, fma_bf16x8, mbarrier + bulk copy
 
 constexpr int kThreads = 512, kRows = 64, kK = 2048, kRowBytes = kK * 2;
 
@@ -35,25 +35,8 @@ __device__ __forceinline__ uint64_t gtime() {
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ uint4 ldw(const char* p, uint64_t pol, bool hint) {
-  uint4 v;
-  if (!hint) {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-  }
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
-}
-__device__ __forceinline__ void fma8(const uint4& v, const float* x, float& acc) {
-  const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
-  acc = fmaf(__uint_as_float(v.x << 16), x0.x, acc); acc = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, acc);
-  acc = fmaf(__uint_as_float(v.y << 16), x0.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, acc);
-  acc = fmaf(__uint_as_float(v.z << 16), x1.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, acc);
-  acc = fmaf(__uint_as_float(v.w << 16), x1.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, acc);
-}
-// All blocks co-resident (one per SM: the launch asks for more than half of an SM's shared memory): a counting barrier on bar (zeroed before the launch).
+// All blocks co-resident (one per SM: the launch asks for more than half of an SM's shared memory): a counting
+// barrier on bar (zeroed before the launch).
 __device__ __forceinline__ void grid_bar(unsigned* bar, unsigned n) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -66,16 +49,6 @@ __device__ __forceinline__ void grid_bar(unsigned* bar, unsigned n) {
 }
 
 enum Fetch { F_NONE, F_BULK, F_LD, F_BULK_LAST, F_BULK_NORMAL, F_LINE, F_LINE_LAST, F_COPY };
-__device__ __forceinline__ uint64_t policy_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_normal() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
 extern __shared__ __align__(128) unsigned char dyn[];
 
 struct Mode {
@@ -106,25 +79,26 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
       const int bytes = s == 0 ? ga : ua;
       if (m.fetch == F_BULK || m.fetch == F_BULK_LAST || m.fetch == F_BULK_NORMAL) {
         if (threadIdx.x == 0) {
-          const uint64_t pol = m.fetch == F_BULK_LAST ? policy_last() : policy_normal();
+          const uint64_t pol = m.fetch == F_BULK_LAST ? evict_last() : evict_normal();
           const int piece = m.piece > 0 ? m.piece : 16384;
           uint64_t next = gtime();
-          for (int r = 0; r < (m.repeat > 0 ? m.repeat : 1); ++r)
-          for (int o = 0; o < bytes; o += piece) {
-            if (r > 0 && o == 0) {  // the next round 2 us after the previous one started
+          for (int r = 0; r < (m.repeat > 0 ? m.repeat : 1); ++r) {
+            if (r > 0) {  // the next round 2 us after the previous one was issued
               const uint64_t t0 = gtime();
               while (gtime() - t0 < 2000) __nanosleep(64);
             }
-            const unsigned sz = min(piece, bytes - o);
-            if (m.pace_ns > 0) {  // one piece per pace_ns
-              while (gtime() < next) __nanosleep(64);
-              next += m.pace_ns;
+            for (int o = 0; o < bytes; o += piece) {
+              const unsigned sz = min(piece, bytes - o);
+              if (m.pace_ns > 0) {  // one piece per pace_ns
+                while (gtime() < next) __nanosleep(64);
+                next += m.pace_ns;
+              }
+              if (m.fetch == F_BULK)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(sz) : "memory");
+              else
+                asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + o),
+                             "r"(sz), "l"(pol) : "memory");
             }
-            if (m.fetch == F_BULK)
-              asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(sz) : "memory");
-            else
-              asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + o), "r"(sz),
-                           "l"(pol) : "memory");
           }
         }
       } else if (m.fetch == F_LINE) {
@@ -143,19 +117,14 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
       } else if (m.fetch == F_COPY) {  // bulk copies into shared memory, 16 KB each, 96 KB at a time; never read
         __shared__ __align__(8) uint64_t bar;
         if (threadIdx.x == 0) {
-          asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&bar)) : "memory");
-          asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+          mbar_init(saddr(&bar));
           uint32_t par = 0;
           for (int o0 = 0; o0 < bytes; o0 += 96 << 10, par ^= 1) {
             const int chunk = min(96 << 10, bytes - o0);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&bar)), "r"(chunk) : "memory");
+            mbar_expect(saddr(&bar), chunk);
             for (int o = 0; o < chunk; o += 16384)
-              asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                           ::"r"(saddr(dyn + o)), "l"(p + o0 + o), "r"(min(16384, chunk - o)), "r"(saddr(&bar)) : "memory");
-            uint32_t ok = 0;
-            while (!ok)
-              asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
-                           : "=r"(ok) : "r"(saddr(&bar)), "r"(par) : "memory");
+              bulk_g2s(saddr(dyn + o), p + o0 + o, min(16384, chunk - o), saddr(&bar));
+            mbar_wait(saddr(&bar), par);
           }
         }
       }
@@ -169,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
   grid_bar(bars + 1, n);
   unsigned long long t_start = gtime();
   // the row-pair loop: warp w takes rows 4w..4w+3; per iteration 4 chunks of gate row r and of up row r per lane
-  const uint64_t pol = [] { uint64_t p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p)); return p; }();
+  const uint64_t pol = evict_first();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const char* g0 = gate + b * tile;
   const char* u0 = up + b * tile;
@@ -180,9 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
       const char* gr = g0 + (size_t)r * kRowBytes;
       uint4 v[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = ldw(gr + (size_t)(lane + 32 * u) * 16, pol, m.hint);
+      for (int u = 0; u < 8; ++u) v[u] = ldg_w(gr + (size_t)(lane + 32 * u) * 16, pol, m.hint);
 #pragma unroll
-      for (int u = 0; u < 8; ++u) fma8(v[u], xs + (lane + 32 * u) * 8, acc);
+      for (int u = 0; u < 8; ++u) fma_bf16x8(v[u], xs + (lane + 32 * u) * 8, acc);
     }
   } else {
     for (int r = warp * (kRows / 16); r < (warp + 1) * (kRows / 16); ++r) {
@@ -193,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 1) k_tile(const char* gate, const ch
         uint4 vg[4], vu[4];
   #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          vg[u] = ldw(gr + (size_t)(c + 32 * u) * 16, pol, m.hint);
-          vu[u] = ldw(ur + (size_t)(c + 32 * u) * 16, pol, m.hint);
+          vg[u] = ldg_w(gr + (size_t)(c + 32 * u) * 16, pol, m.hint);
+          vu[u] = ldg_w(ur + (size_t)(c + 32 * u) * 16, pol, m.hint);
         }
   #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          fma8(vg[u], xs + (c + 32 * u) * 8, ag);
-          fma8(vu[u], xs + (c + 32 * u) * 8, au);
+          fma_bf16x8(vg[u], xs + (c + 32 * u) * 8, ag);
+          fma_bf16x8(vu[u], xs + (c + 32 * u) * 8, au);
         }
       }
       acc += ag * au;

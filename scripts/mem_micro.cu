@@ -19,39 +19,12 @@
 constexpr int kThreads = 512;
 
 
-__device__ __forceinline__ uint64_t evict_first() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-// hint: the L2 evict-first policy the megakernel's weight loads carry (AmkSrcGlobal)
-template <bool hint>
-__device__ __forceinline__ uint4 ldg(const uint4* p, uint64_t pol) {
-  uint4 v;
-  if (hint)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // acc += one 16-byte chunk of bf16 weights j times fp32 x from shared memory (the GEMV loop's work per chunk,
 // K = 2048: x chunk j mod 256), or a cheap use of the bytes without fma.
 template <bool fma>
 __device__ __forceinline__ void use(const uint4& v, size_t j, const float* xs, float& acc) {
-  if (fma) {
-    const int ch = (int)(j & 255);
-    const float4 x0 = *(const float4*)(xs + ch * 8), x1 = *(const float4*)(xs + ch * 8 + 4);
-    acc = fmaf(__uint_as_float(v.x << 16), x0.x, acc); acc = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, acc);
-    acc = fmaf(__uint_as_float(v.y << 16), x0.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, acc);
-    acc = fmaf(__uint_as_float(v.z << 16), x1.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, acc);
-    acc = fmaf(__uint_as_float(v.w << 16), x1.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, acc);
-  } else {
-    acc += __uint_as_float(v.x ^ v.w);
-  }
+  if (fma) fma_bf16x8(v, xs + (int)(j & 255) * 8, acc);
+  else acc += __uint_as_float(v.x ^ v.w);
 }
 
 // What one thread of a k_reg block walks: warps below l2_warps re-read the block's l2src slice `passes`
@@ -99,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) k_reg(const char* __restrict__ sr
 #pragma unroll
     for (int u = 0; u < k; ++u) {
       const size_t j = i + (size_t)u * nt;
-      v[u] = j < n ? ldg<hint>(base + j, pol) : make_uint4(0, 0, 0, 0);
+      v[u] = j < n ? ldg_w(base + j, pol, hint) : make_uint4(0, 0, 0, 0);
     }
   };
   auto sum = [&](const uint4* v, int k, size_t i) {
@@ -137,29 +110,19 @@ __global__ void __launch_bounds__(kThreads, 1) k_bulk(const char* __restrict__ s
                                                      float* out) {
   __shared__ __align__(8) uint64_t bars[64];
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < S; ++s)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(bars + s)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  for (int s = 0; s < S; ++s) mbar_init(saddr(bars + s));
   const char* p = src + blockIdx.x * bytes;
   const uint32_t nst = (uint32_t)(bytes / B);
+  const uint64_t pol = hint ? evict_first() : 0;
   for (uint32_t k = 0; k < nst + S; ++k) {
     if (k >= (uint32_t)S) {  // wait for copy k - S, then reuse its slot
-      const uint32_t j = k - S, bar = saddr(bars + j % S), par = (j / S) & 1;
-      uint32_t ok = 0;
-      while (!ok)
-        asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
-                     : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+      const uint32_t j = k - S;
+      mbar_wait(saddr(bars + j % S), (j / S) & 1);
     }
     if (k < nst) {
       const uint32_t bar = saddr(bars + k % S);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(B) : "memory");
-      const uint32_t dst = saddr(dyn + (size_t)(k % S) * B);
-      if (hint)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
-                     "[%3], %4;" :: "r"(dst), "l"(p + (size_t)k * B), "r"(B), "r"(bar), "l"(evict_first()) : "memory");
-      else
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(dst), "l"(p + (size_t)k * B), "r"(B), "r"(bar) : "memory");
+      mbar_expect(bar, B);
+      bulk_g2s(saddr(dyn + (size_t)(k % S) * B), p + (size_t)k * B, B, bar, hint, pol);
     }
   }
   if (bytes == 12345) out[0] = 0.f;

@@ -1,5 +1,6 @@
-// Shared by the standalone microbenchmarks (scripts/ring_micro.cu, scripts/mem_micro.cu): the error check, the
-// shared-space address of a pointer, and the best-of-N CUDA-event timing of one launch.
+// Shared by the standalone microbenchmarks (scripts/ring_micro.cu, mem_micro.cu, l2_reuse_micro.cu): the error
+// check, the shared-space address of a pointer, the best-of-N CUDA-event timing of one launch, L2 cache policies,
+// the GEMV's 16-byte weight load (with or without the evict-first hint) and its bf16 x fp32 work per chunk.
 #pragma once
 #include <cstdio>
 #include <cstdint>
@@ -9,6 +10,71 @@
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); return 1; } } while (0)
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// L2 cache policies (createpolicy, fraction 1.0).
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t evict_normal() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// One 16-byte weight load, non-coherent, no L1 allocation; hint: the L2 evict-first policy `pol` the megakernel's
+// weight loads carry (AmkSrcGlobal).
+__device__ __forceinline__ uint4 ldg_w(const void* p, uint64_t pol, bool hint) {
+  uint4 v;
+  if (hint)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// sm_90 mbarrier + 1-D bulk copy (global -> shared) primitives; one thread uses them.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The caller's arrival, arming the current phase for `bytes` of copies.
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok = 0;
+  while (!ok)
+    asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+}
+// hint: with the L2 policy `pol`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, bool hint = false,
+                                         uint64_t pol = 0) {
+  if (hint)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                 "[%3], %4;" :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+  else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// acc += the 8 bf16 weights of v times x[0..7] (fp32, shared memory), element by element: the GEMV loop's work.
+__device__ __forceinline__ void fma_bf16x8(const uint4& v, const float* x, float& acc) {
+  const float4 x0 = *(const float4*)x, x1 = *(const float4*)(x + 4);
+  acc = fmaf(__uint_as_float(v.x << 16), x0.x, acc); acc = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, acc);
+  acc = fmaf(__uint_as_float(v.y << 16), x0.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, acc);
+  acc = fmaf(__uint_as_float(v.z << 16), x1.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, acc);
+  acc = fmaf(__uint_as_float(v.w << 16), x1.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, acc);
+}
 
 // launch() once to warm up, then the fastest of `reps` timed launches, in ms.
 template <class F>

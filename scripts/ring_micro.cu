@@ -35,10 +35,7 @@ __device__ __forceinline__ bool mb_test(uint32_t b, uint32_t par) {
 }
 // One 1-D bulk copy with the L2 evict-first hint (as the megakernel's ring issues them).
 __device__ __forceinline__ void bulk(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+  bulk_g2s(dst, src, bytes, bar, true, evict_first());
 }
 
 extern __shared__ __align__(128) unsigned char dyn[];
