@@ -30,6 +30,7 @@ from vm.abi import DTYPE_CODES
 
 CSRC = pathlib.Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "megakernel.cu")
+MERGE_UNROLLS = (0, 4, 8, 16)   # AMK_MERGE_UNROLL values (vm/csrc/ops_attention.cuh)
 ALL_DTYPES = (1 << DTYPE_CODES["f32"]) | (1 << DTYPE_CODES["bf16"]) | (1 << DTYPE_CODES["f16"])   # AMK_DTYPES
 META_NAME = "amk_build.json"
 _LOADED: dict[str, Any] = {}
@@ -79,6 +80,8 @@ class BuildSpec:
     dtypes: int = ALL_DTYPES      # element types compiled in: bit (1 << DTYPE_CODES[name]) per weight / cache type
     attn_stages: int = 2          # attention KV tiles in flight (cp.async into shared memory, ops_attention.cuh)
     attn_stage_bytes: int = 32768  # bytes per attention stage (K + V rows of one tile)
+    merge_unroll: int = 16        # ATTN_MERGE's unrolled bodies: 4 / 8 / 16 splits and below (0 = the loop only;
+                                  # the loader picks the smallest covering the program, vm/csrc/ops_attention.cuh)
     attn_early: bool = False      # the KV copies before the wait for early_kv-hinted attention tasks (compiled in
                                   # only for programs with hints: unused, the path cost 2% at ctx 32768 on an H100)
 
@@ -98,6 +101,8 @@ class BuildSpec:
                 and 4096 <= self.attn_stage_bytes <= 65536):
             raise BuildError(f"attention stages {self.attn_stages} x {self.attn_stage_bytes} B: 1..4 stages of "
                              f"4096..65536 B (a multiple of 16)")
+        if self.merge_unroll not in MERGE_UNROLLS:
+            raise BuildError(f"merge_unroll {self.merge_unroll}: one of {MERGE_UNROLLS}")
 
     @property
     def sources(self) -> list[str]:
@@ -109,7 +114,10 @@ class BuildSpec:
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
                 f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
-                f"-DAMK_ATTN_EARLY={int(self.attn_early)}", *self.extra_cuda_cflags]
+                f"-DAMK_ATTN_EARLY={int(self.attn_early)}",
+                *([] if any(f.startswith("-DAMK_MERGE_UNROLL=") for f in self.extra_cuda_cflags)   # (an A/B's own)
+                  else [f"-DAMK_MERGE_UNROLL={self.merge_unroll}"]),
+                *self.extra_cuda_cflags]
 
     def cflags(self) -> list[str]:
         return [self.opt]
@@ -136,7 +144,7 @@ def arch_major(arch: str) -> int:
 
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
-             dtypes: int = 0, attn_early: bool = False) -> BuildSpec:
+             dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
@@ -144,7 +152,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
     llama-3.2-1b (docs/PERF.md, fourth session). The attention KV pipeline defaults from AMK_ATTN_STAGES and
     AMK_ATTN_STAGE_BYTES (2 x 32 KB). ``attn_early``: compile the early KV copies of early_kv-hinted attention tasks
-    (the loader asks for it when the program has hints)."""
+    (the loader asks for it when the program has hints). ``merge_unroll``: ATTN_MERGE's largest unrolled body (4, 8,
+    16; 0 = none; the loader passes the smallest that covers the program's splits: merge_unroll_for)."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -157,7 +166,7 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
                      preload=preload, dtypes=int(dtypes) or ALL_DTYPES,
                      attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
                      attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)),
-                     attn_early=bool(attn_early))
+                     attn_early=bool(attn_early), merge_unroll=int(merge_unroll))
 
 
 def dtype_mask(names) -> int:

@@ -245,6 +245,15 @@ class BuildChoice:
     attn: tuple[int, int]  # attention (stages, stage bytes) of the build
 
 
+def merge_unroll_for(program: MegakernelProgram) -> int:
+    """ATTN_MERGE's largest unrolled body to compile (AMK_MERGE_UNROLL): the smallest of 4 / 8 / 16 that covers the
+    program's most splits per merge, 4 where no merge has more than 16 splits (they take the loop) or there is none.
+    Fewer unrolled bodies make the op's machine code smaller, which a merge running with a cold instruction cache
+    measured faster (docs/PERF.md, twenty-eighth session)."""
+    ns = max([int(t.params["n_splits"]) for t in program.tasks if t.op == "ATTN_MERGE"] + [0])
+    return next((u for u in (4, 8, 16) if ns <= u), 4)
+
+
 def select_build(program: MegakernelProgram, device, threads: int, prefetch_depth: int, tma: bool | None = None,
                  preload_kb: int | None = None) -> BuildChoice:
     """The extension spec a program needs on ``device`` (a torch.device with an index): its weight / KV dtypes,
@@ -262,7 +271,9 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                             if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
     # the early KV copies are compiled in only where some attention task carries the early_kv hint
     early = any(t.params.get("early_kv", 0) for t in program.tasks)
-    spec = jit.spec_for(threads, prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes, attn_early=early)
+    unroll = merge_unroll_for(program)
+    spec = jit.spec_for(threads, prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes, attn_early=early,
+                        merge_unroll=unroll)
     wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
     attn = (spec.attn_stages, spec.attn_stage_bytes)
     for t in program.tasks:   # one key's K and V rows must fit an attention stage
@@ -284,7 +295,7 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
         if fit < spec.stages:
             spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)),
-                                preload=want > 0, dtypes=dtypes, attn_early=early)
+                                preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=unroll)
             if not spec.tma:   # no ring after all: op area without stash terms
                 op_smem = max([16] + [smem_floats(t, threads, attn=attn) * 4 for t in program.tasks])
     return BuildChoice(spec, op_smem, optin, want, attn)

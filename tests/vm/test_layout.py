@@ -188,6 +188,31 @@ def test_builds_are_per_dtype_set():
     assert jit.spec_for(arch="sm_90a", attn_early=True).digest() != jit.spec_for(arch="sm_90a").digest()
 
 
+@pytest.mark.parametrize("model,cfg,ctx,ns,want", [
+    ("llama-3.2-1b", {}, 512, 4, 4),                    # 4 splits at ctx 512: only the 4-split body
+    ("llama-3.2-1b", {"attn_splits": 8}, 512, 8, 8),
+    ("llama-3.2-1b", {}, 8192, 16, 16),                 # 16 splits at long context
+    ("llama-3.2-1b", {"attn_splits": 32}, 8192, 32, 4),  # past 16 the merge loops: the smallest body
+    ("llama-3.2-1b", {"attn_splits": 1}, 512, 0, 4),    # one split: no merge tasks at all
+])
+def test_merge_unroll_covers_the_programs_splits(model, cfg, ctx, ns, want):
+    """The loader compiles the smallest ATTN_MERGE body that covers the program's splits (vm/loader.py
+    merge_unroll_for), and the spec passes it to nvcc (an A/B's own -DAMK_MERGE_UNROLL wins)."""
+    from vm import jit
+    from vm.loader import merge_unroll_for
+    prog = lower(load_model(model, dtype="bf16", device="meta"), get_target("h100"), cfg, max_seq=ctx + 64)
+    merges = [int(t.params["n_splits"]) for t in prog.tasks if t.op == "ATTN_MERGE"]
+    assert max(merges + [0]) == ns
+    assert merge_unroll_for(prog) == want
+    flags = jit.spec_for(arch="sm_90a", merge_unroll=want).cuda_cflags()
+    assert f"-DAMK_MERGE_UNROLL={want}" in flags
+    assert jit.spec_for(arch="sm_90a", merge_unroll=4).digest() != jit.spec_for(arch="sm_90a").digest()
+    own = jit.BuildSpec(arch="sm_90a", tma=False, merge_unroll=4, extra_cuda_cflags=("-DAMK_MERGE_UNROLL=16",))
+    assert [f for f in own.cuda_cflags() if "MERGE_UNROLL" in f] == ["-DAMK_MERGE_UNROLL=16"]
+    with pytest.raises(jit.BuildError, match="merge_unroll 5"):
+        jit.BuildSpec(arch="sm_90a", tma=False, merge_unroll=5)
+
+
 @pytest.mark.parametrize("kb,frm,want", [
     (128, "both", [65536, 65536]),     # 64 KB of the gate rows and 64 KB of the up rows, from the tile's first row
     (128, "gate", [131072, 0]),        # gate rows only: the task has no second weight input

@@ -28,9 +28,12 @@ def spills(stderr: str) -> dict[str, int]:
 
 
 # The preload build also carries the per-opcode no-wait diagnostic (sync.cuh AMK_DBG_NOWAIT_OPS: attention and
-# merge tasks skip their waits), so the diagnostic switch scripts/ab_builds.py `diag:` variants use keeps compiling.
-@pytest.mark.parametrize("threads,depth,path", [(512, 2, ("-DAMK_TMA=1",)),
-                                                (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384"))],
+# merge tasks skip their waits) and the run-twice one (megakernel.cu AMK_DBG_TWICE_OPS), so the diagnostic switches
+# scripts/ab_builds.py `diag:` variants use keep compiling; the ring build has the 4-split merge body only (the
+# loader's choice for 4 splits).
+@pytest.mark.parametrize("threads,depth,path", [(512, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4")),
+                                                (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384",
+                                                          "-DAMK_DBG_TWICE_OPS=440"))],
                          ids=["ring", "preload"])
 def test_nvcc_compiles_sm80_sm90a(tmp_path, threads, depth, path):
     cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(tmp_path / "mk.o"),

@@ -51,6 +51,11 @@
 #ifndef AMK_CTX_ONCE
 #define AMK_CTX_ONCE 1
 #endif
+// AMK_DBG_TWICE_OPS (diagnostic builds only): the tasks whose opcode's bit (1 << AMK_OP_...) is set run their op twice
+// (the task loop below).
+#ifndef AMK_DBG_TWICE_OPS
+#define AMK_DBG_TWICE_OPS 0
+#endif
 
 // Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
 __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
@@ -243,6 +248,20 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     const AmkCtx& ci = AMK_CTX_ONCE ? c : ci_fresh;
     amk_mark(ci, 0);
     amk_dispatch(ci, AMK_NEED_EARLY ? s_need : 0);
+#if AMK_DBG_TWICE_OPS
+    // Diagnostic (docs/PERF.md, twenty-eighth session): the ops whose bit is set run a second time, back to back,
+    // on the same inputs (every op of the default programs is idempotent), so a marks trace times a run whose code,
+    // TLB entries and data are warm against the first. The early KV rows are issued again (the first run's
+    // cross-warp merge overwrote the stages).
+    if ((AMK_DBG_TWICE_OPS >> s_ins.op) & 1) {
+      __syncthreads();
+      if (!s_flag) {
+        if (amk_attn_early_hint(s_ins)) amk_attn_early(ci, 0);
+        amk_mark(ci, 0);
+        amk_dispatch(ci, AMK_NEED_EARLY ? s_need : 0);
+      }
+    }
+#endif
     __syncthreads();
     amk_mark(ci, 3);
     if (s_flag) {

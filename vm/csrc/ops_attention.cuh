@@ -97,7 +97,10 @@ struct AmkLdPlain {
 // element are issued before the first use (one round trip to L2 instead of two: the max pass, then the weighted
 // sums), U = the smallest of 4 / 8 / 16 that covers ns; splits past ns re-read the last one (a guarded load made
 // ptxas spill). More splits (and the shared-memory reads of a GEMV's merged x) take the loop. Both compute the same
-// operations in the same order, so the bits do not depend on the path.
+// operations in the same order, so the bits do not depend on the path. The loader compiles only the smallest U that
+// covers the program's splits (vm/loader.py merge_unroll_for): ATTN_MERGE runs once per layer on an SM whose
+// instruction cache holds other ops' code, and with the 8- and 16-split bodies in the function (22.8 KB of SASS
+// against 10.2 KB) a 4-split merge took 0.5 us longer and llama-3.2-1b 1.2% (docs/PERF.md, twenty-eighth session).
 #ifndef AMK_MERGE_UNROLL
 #define AMK_MERGE_UNROLL 16
 #endif
