@@ -20,10 +20,4 @@ for m in $WANT; do
 done
 M=${M#,}
 echo "metrics: $M"
-for CFG in "$@"; do
-  python scripts/profile_step.py "$MODEL" --ctx "$CTX" --steps 1 --config "$CFG" >/dev/null
-  echo "== $CFG ${AMK_NVCC_FLAGS:-}"
-  ncu --kernel-name amk_megakernel --launch-skip 4 --launch-count 1 --metrics "$M" --csv \
-      python scripts/profile_step.py "$MODEL" --ctx "$CTX" --steps 6 --config "$CFG" 2>/dev/null \
-      | grep -E '"(sm|smsp|gcc|gpu)__' | awk -F'","' '{print $(NF-2), $(NF-1), $NF}' | tr -d '"'
-done
+bash "$(dirname "$0")/ncu_step_metrics.sh" "$M" "$MODEL" "$CTX" "$@"

@@ -271,9 +271,8 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                             if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
     # the early KV copies are compiled in only where some attention task carries the early_kv hint
     early = any(t.params.get("early_kv", 0) for t in program.tasks)
-    unroll = merge_unroll_for(program)
-    spec = jit.spec_for(threads, prefetch_depth, arch, tma, preload=want > 0, dtypes=dtypes, attn_early=early,
-                        merge_unroll=unroll)
+    code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program))
+    spec = jit.spec_for(threads, prefetch_depth, arch, tma, **code)
     wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
     attn = (spec.attn_stages, spec.attn_stage_bytes)
     for t in program.tasks:   # one key's K and V rows must fit an attention stage
@@ -294,8 +293,7 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     if spec.tma:
         fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
         if fit < spec.stages:
-            spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)),
-                                preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=unroll)
+            spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)), **code)
             if not spec.tma:   # no ring after all: op area without stash terms
                 op_smem = max([16] + [smem_floats(t, threads, attn=attn) * 4 for t in program.tasks])
     return BuildChoice(spec, op_smem, optin, want, attn)
