@@ -140,6 +140,11 @@ __device__ __forceinline__ void amk_report(const AmkParams& p, int code, int tas
 #ifndef AMK_MARKS
 #define AMK_MARKS 0
 #endif
+// AMK_DBG_ATTN_STAGE_MARKS 1 (diagnostic, with AMK_MARKS): an attention task's marks 2 and 3 time its input stage
+// instead: entry of the tensor-core body, and its KV copies issued (before q is used); so 0 -> 2 -> 3 -> 1.
+#ifndef AMK_DBG_ATTN_STAGE_MARKS
+#define AMK_DBG_ATTN_STAGE_MARKS 0
+#endif
 __device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) {
   if (AMK_MARKS && c.p->trace != nullptr && threadIdx.x == 0) {
     uint64_t t;

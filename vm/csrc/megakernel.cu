@@ -56,6 +56,11 @@
 #ifndef AMK_DBG_TWICE_OPS
 #define AMK_DBG_TWICE_OPS 0
 #endif
+// AMK_DBG_TWICE_NOKV 1: the second run does not re-issue the early KV rows (wrong results, a `diag:` build): its q
+// load then queues behind no copies, so its stage is a warm op's in a quiet SM.
+#ifndef AMK_DBG_TWICE_NOKV
+#define AMK_DBG_TWICE_NOKV 0
+#endif
 
 // Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
 __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
@@ -256,14 +261,14 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     if ((AMK_DBG_TWICE_OPS >> s_ins.op) & 1) {
       __syncthreads();
       if (!s_flag) {
-        if (amk_attn_early_hint(s_ins)) amk_attn_early(ci, 0);
+        if (!AMK_DBG_TWICE_NOKV && amk_attn_early_hint(s_ins)) amk_attn_early(ci, 0);
         amk_mark(ci, 0);
         amk_dispatch(ci, AMK_NEED_EARLY ? s_need : 0);
       }
     }
 #endif
     __syncthreads();
-    amk_mark(ci, 3);
+    if (!AMK_DBG_ATTN_STAGE_MARKS || (s_ins.op != AMK_OP_ATTN_PARTIAL && s_ins.op != AMK_OP_ATTN_DECODE)) amk_mark(ci, 3);
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
       break;

@@ -41,6 +41,11 @@
 #define AMK_ATTN_EARLY 1
 #endif
 #define AMK_ATTN_EARLY_ON (AMK_ATTN_EARLY && AMK_ATTN_MMA)
+// AMK_ATTN_FAST 1: amk_op_attn calls the tensor-core body itself (amk_attn_fast); 0 (A/B builds): from
+// amk_attn_core, after its generic-path setup, as before the twenty-ninth session.
+#ifndef AMK_ATTN_FAST
+#define AMK_ATTN_FAST 1
+#endif
 
 // Row groups of the P.V pass; must match vm/smem.py's formula.
 __host__ __device__ __forceinline__ int amk_attn_rg(int hd) {
@@ -448,11 +453,11 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   const char* vbase = (const char*)vc + (size_t)kvh * S * D * T::BYTES;
   const int row = D * T::BYTES;
   const bool vec = row % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase);
-#if AMK_ATTN_MMA
-  if constexpr (T::BYTES == 2) {
+#if AMK_ATTN_MMA && !AMK_ATTN_FAST
+  if constexpr (T::BYTES == 2) {  // (AMK_ATTN_FAST 0: the tensor-core body called from here, as before)
     if (amk_attn_mma_takes(G, D, kbase, vbase)) {
       const float* qh = q + (int64_t)kvh * G * D;
-      const int cut = early ? pos : lo;  // rows [lo, pos) of the first tiles were issued before the wait
+      const int cut = early ? pos : lo;
       if (D == 64)
         amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
       else
@@ -494,6 +499,41 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   return true;
 }
 
+// The tensor-core body for a 2-byte cache, called from the op itself with the smem layout and the checks folded
+// for a constant head dim: amk_attn_core's generic-path setup (integer divisions, executed by every warp) and its
+// call level cost ~0.9 us of each attention task's critical path (docs/PERF.md, twenty-ninth session).
+// false: the body does not take this task (amk_attn_core's generic path does).
+template <class T, int D>
+__device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q, const void* kc, const void* vc,
+                                                const AmkAttnRange& r, float scale) {
+  const char* kbase = (const char*)kc + (size_t)r.kvh * r.S * (D * 2);
+  const char* vbase = (const char*)vc + (size_t)r.kvh * r.S * (D * 2);
+  if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return false;
+  const AmkAttnSmem m = amk_attn_smem(r.G, D);
+  float* sm = amk_in_smem(c.smem);
+  const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
+  amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
+                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv));
+  return true;
+}
+__device__ __forceinline__ bool amk_attn_fast(const AmkCtx& c, int dt, const float* q, const void* kc,
+                                              const void* vc, const AmkAttnRange& r, float scale) {
+#if AMK_ATTN_MMA && AMK_ATTN_FAST
+  const bool bf = AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16;
+  const bool hf = AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16;
+  if (r.D == 64) {
+    if (bf) return amk_attn_fast_d<AmkBF16, 64>(c, q, kc, vc, r, scale);
+    if (hf) return amk_attn_fast_d<AmkF16, 64>(c, q, kc, vc, r, scale);
+  } else if (r.D == 128) {
+    if (bf) return amk_attn_fast_d<AmkBF16, 128>(c, q, kc, vc, r, scale);
+    if (hf) return amk_attn_fast_d<AmkF16, 128>(c, q, kc, vc, r, scale);
+  }
+#else
+  (void)c; (void)dt; (void)q; (void)kc; (void)vc; (void)r; (void)scale;
+#endif
+  return false;
+}
+
 // ATTN_DECODE (partial = false) and ATTN_PARTIAL (partial = true): identical slots up to the output.
 __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const AmkAttnRange r = amk_attn_range(c, partial);
@@ -506,12 +546,14 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q);
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
-  bool ok = false;
-  if (!amk_dispatch_dtype(c, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE), [&](auto tag) {
+  const int dt = amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE);
+  bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale);  // the tensor-core body, straight from here
+  if (!ok && !amk_dispatch_dtype(c, dt, [&](auto tag) {
         ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, r.early, scale);
-      }) || !ok)
+      }))
     return;
-  amk_mark(c, 2);
+  if (!ok) return;
+  if (!AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 2);
   const AmkAttnSmem a = amk_attn_smem(G, D);
   const float* sm = amk_in_smem(c.smem);
   const float* o_s = sm + a.o;

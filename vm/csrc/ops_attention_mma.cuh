@@ -1,4 +1,4 @@
-// Tensor-core decode attention: the fast path of amk_attn_core (ops_attention.cuh) for 2-byte KV caches (bf16,
+// Tensor-core decode attention: the fast path of amk_op_attn (ops_attention.cuh) for 2-byte KV caches (bf16,
 // f16), head_dim 64 or 128 and GQA groups of at most 8 heads. Same contract as the generic path: st = (m, l) and
 // o_s (unnormalised) over keys [lo, hi), ending with a barrier.
 //
@@ -98,6 +98,13 @@ static_assert(!AMK_ATTN_ONEBAR || AMK_ATTN_STAGES >= 2, "AMK_ATTN_ONEBAR needs a
 #define AMK_ATTN_FILL 1
 #endif
 constexpr int AMK_ATTN_PRO = AMK_ATTN_STAGES - 1 + (AMK_ATTN_FILL ? 1 : 0);  // tiles issued by the prologue
+//   AMK_ATTN_ONESHOT 1: a task whose tiles all fit the prologue (nt <= AMK_ATTN_PRO: every split at ctx 512) waits
+//                    for all of them once and runs them with no barrier in between, so consecutive tiles' chunks
+//                    (which belong to different warps) run at the same time; 0: one barrier per tile, as at long
+//                    context. The chunk -> warp map and every sum's order are the same: the bits are too.
+#ifndef AMK_ATTN_ONESHOT
+#define AMK_ATTN_ONESHOT 1
+#endif
 // One 16-byte KV copy into the swizzled stage (pol: the evict-first policy when AMK_ATTN_CP_HINT is 1).
 __device__ __forceinline__ void amk_cp_kv16(void* dst_smem, const void* src, uint64_t pol) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst_smem);
@@ -117,7 +124,7 @@ __device__ __forceinline__ bool amk_attn_mma_ok(int G, int D, int KT) {
          AMK_NWARPS * G * D * 4 <= AMK_ATTN_STAGES * AMK_ATTN_STAGE_BYTES &&
          amk_attn_rg(D) * (G < AMK_ATTN_GB ? G : AMK_ATTN_GB) >= 4;
 }
-// Whether amk_attn_core takes the fast path for a 2-byte cache whose head rows start at kbase / vbase (16-byte
+// Whether amk_op_attn takes the fast path for a 2-byte cache whose head rows start at kbase / vbase (16-byte
 // aligned rows). amk_attn_early asks the same question before the wait.
 __device__ __forceinline__ bool amk_attn_mma_takes(int G, int D, const char* kbase, const char* vbase) {
   return (D * 2) % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase) && amk_attn_mma_ok(G, D, amk_attn_keys(D, 2));
@@ -182,10 +189,12 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   };
   // The prologue fills every stage (all are free when the op starts): tile STAGES - 1 -- for a short split the
   // one holding the row at pos -- is then in flight with q instead of issued after q has landed.
+  if (AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 2);
   if constexpr (AMK_ATTN_QFIRST && KSTEPS <= AMK_NWARPS) {
     float2 x, y;
     q_load(warp, gv && warp < KSTEPS, x, y);
     for (int t = 0; t < AMK_ATTN_PRO; ++t) issue(t);
+    if (AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 3);
     if (warp < KSTEPS) q_store(warp, x, y);
   } else {
     for (int t = 0; t < AMK_ATTN_PRO; ++t) issue(t);  // q is read while the first tiles are in flight
@@ -206,20 +215,27 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   // this lane's ldmatrix row inside a 16-key chunk and its chunk-XOR, for K (no trans) and V (trans)
   const int krow = ((lane >> 4) << 3) + (lane & 7), kx = ((lane >> 3) & 1) ^ (lane & 7);
   const int vrow = (((lane >> 3) & 1) << 3) + (lane & 7), vx = (lane >> 4) ^ (lane & 7);
+  const bool oneshot = AMK_ATTN_ONESHOT && nt <= AMK_ATTN_PRO;  // no stage is refilled: one wait, one barrier
+  if (oneshot) {
+    amk_cp_async_wait<0>();
+    __syncthreads();
+  }
   for (int t = 0; t < nt; ++t) {
     // tile t + STAGES - 1 is issued here unless the prologue did (it issued tiles 0..PRO-1); groups committed
     // before the ONEBAR wait: PRO, plus one per earlier iteration that issued; tile t is the (t+1)-th oldest
     const bool refill = t + AMK_ATTN_STAGES - 1 >= AMK_ATTN_PRO;
+    if (!oneshot) {
 #if AMK_ATTN_ONEBAR
-    if (AMK_ATTN_FILL && t == 0) amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
-    else amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
-    __syncthreads();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
-    if (refill) issue(t + AMK_ATTN_STAGES - 1);
+      if (AMK_ATTN_FILL && t == 0) amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
+      else amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
+      __syncthreads();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
+      if (refill) issue(t + AMK_ATTN_STAGES - 1);
 #else
-    if (refill) issue(t + AMK_ATTN_STAGES - 1);
-    amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
-    __syncthreads();
+      if (refill) issue(t + AMK_ATTN_STAGES - 1);
+      amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
+      __syncthreads();
 #endif
+    }
     const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT, nch = (tn + 15) >> 4;
     const uint32_t ks = kv_s + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES, vs = ks + KT * ROW;
     int i = (warp - (t * CPT) % AMK_NWARPS + AMK_NWARPS) % AMK_NWARPS;  // chunk t*CPT + i is this warp's
@@ -271,18 +287,22 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       }
     }
 #if !AMK_ATTN_ONEBAR
-    __syncthreads();  // the stage may be refilled
+    if (!oneshot) __syncthreads();  // the stage may be refilled
 #endif
   }
   amk_cp_async_wait<0>();
   __syncthreads();
-  // merge the warps: O_w -> stage area [NWARPS][G][D], (m_w, l_w) -> score area [NWARPS][G] x 2
+  // merge the warps: O_w -> stage area [NWARPS][G][D], (m_w, l_w) -> score area [NWARPS][G] x 2. Only the first
+  // nwa warps got a chunk (chunks are numbered from 0 over the task, chunk i on warp i % NWARPS); the others hold
+  // m = -inf, l = 0, O = 0, which add nothing to the merge below, so they are left out (same bits).
+  const int tot = nt > 0 ? (nt - 1) * CPT + ((hi - (lo + (nt - 1) * KT) + 15) >> 4) : 0;
+  const int nwa = tot < AMK_NWARPS ? tot : AMK_NWARPS;
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   float* ow = (float*)kv;
   float* mw = sc;
   float* lw = sc + AMK_NWARPS * G;
-  if (gv) {
+  if (gv && warp < nwa) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) *(float2*)(ow + (warp * G + g) * D + 8 * n + 2 * tq) = make_float2(o[n][0], o[n][1]);
     if (tq == 0) {
@@ -294,9 +314,9 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   for (int idx = tid; idx < G * D; idx += AMK_THREADS) {
     const int h = idx / D, d = idx - h * D;
     float mm = -INFINITY;
-    for (int w = 0; w < AMK_NWARPS; ++w) mm = fmaxf(mm, mw[w * G + h]);
+    for (int w = 0; w < nwa; ++w) mm = fmaxf(mm, mw[w * G + h]);
     float os = 0.f, ls = 0.f;
-    for (int w = 0; w < AMK_NWARPS; ++w) {
+    for (int w = 0; w < nwa; ++w) {
       const float mv = mw[w * G + h], wt = mv == -INFINITY ? 0.f : amk_ex2(mv - mm);
       os = fmaf(wt, ow[(w * G + h) * D + d], os);
       ls = fmaf(wt, lw[w * G + h], ls);
