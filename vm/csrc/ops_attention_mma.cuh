@@ -215,7 +215,9 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   // this lane's ldmatrix row inside a 16-key chunk and its chunk-XOR, for K (no trans) and V (trans)
   const int krow = ((lane >> 4) << 3) + (lane & 7), kx = ((lane >> 3) & 1) ^ (lane & 7);
   const int vrow = (((lane >> 3) & 1) << 3) + (lane & 7), vx = (lane >> 4) ^ (lane & 7);
-  const bool oneshot = AMK_ATTN_ONESHOT && nt <= AMK_ATTN_PRO;  // no stage is refilled: one wait, one barrier
+  // no stage is refilled: one wait, one barrier (AMK_ATTN_ONESHOT 2, A/B builds only: the code is compiled but a
+  // run-time test that never holds keeps it off, to separate its effect from the code layout's)
+  const bool oneshot = AMK_ATTN_ONESHOT && nt <= AMK_ATTN_PRO && (AMK_ATTN_ONESHOT != 2 || c.p->n_queues < 0);
   if (oneshot) {
     amk_cp_async_wait<0>();
     __syncthreads();
