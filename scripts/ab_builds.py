@@ -11,6 +11,11 @@ stage_bytes / nvcc build keys). Prints a table last (median, min, max, ratio to 
 `--jobs N` builds the variants' extensions in N worker processes first (4 builds: ~40 s instead of ~4 min on a
 fresh device machine), so a multi-build A/B fits one device call.
 
+`--pads 0,4,8,12` times every variant in several code layouts: variant NAME becomes NAME@P for each P, built with
+-DAMK_LAYOUT_PAD=P (P never-executed loads at the top of the kernel body, which move every op function; the
+layout alone moves a step by +-1-2.5%, docs/PERF.md, twenty-ninth session). The last table then gives each
+variant's mean over its layouts: kernel changes of 1-2% need it.
+
 A variant named `diag:NAME` is a diagnostic build whose results are knowingly wrong (e.g. nvcc -DAMK_DBG_NOWAIT=1:
 no task waits for its inputs). It is timed WITHOUT the correctness gate and printed as a bound, never as a latency.
 """
@@ -67,11 +72,37 @@ def prebuild(a) -> None:
     print(f"prebuild: {len(a.variants)} variants in {time.time() - t0:.0f} s", flush=True)
 
 
+def with_pads(variants: list[str], pads: list[int]) -> list[str]:
+    """NAME=JSON -> NAME@P=JSON with -DAMK_LAYOUT_PAD=P added to its nvcc flags, for each pad P (in order)."""
+    out = []
+    for v in variants:
+        name, _, js = v.partition("=")
+        cfg = json.loads(js or "{}")
+        for p in pads:
+            c = dict(cfg)
+            if p:
+                c["nvcc"] = (c.get("nvcc", "") + f" -DAMK_LAYOUT_PAD={p}").strip()
+            out.append(f"{name}@{p}={json.dumps(c)}")
+    return out
+
+
+def layout_means(rows: dict) -> list[tuple[str, float, float, float, int]]:
+    """(variant, mean of its layouts' medians, min, max, layouts) per NAME of NAME@P rows that were timed."""
+    groups: dict[str, list[float]] = {}
+    for name, r in rows.items():
+        if "median_us" in r:
+            groups.setdefault(name.rsplit("@", 1)[0], []).append(r["median_us"])
+    return [(n, statistics.mean(m), min(m), max(m), len(m)) for n, m in groups.items()]
+
+
 def main():
     ap = variant_parser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--jobs", type=int, default=1, help="build the variants' extensions in this many processes first")
+    ap.add_argument("--pads", default="", help="comma-separated AMK_LAYOUT_PAD values: time each variant in each layout")
     a = ap.parse_args()
+    if a.pads:
+        a.variants = with_pads(a.variants, [int(x) for x in a.pads.split(",")])
     if a.jobs > 1:
         prebuild(a)
     target = get_target("auto")
@@ -117,6 +148,12 @@ def main():
         first = first or med
         print(f"{name:16s} {med:10.1f} {min(r['rounds']):8.1f} {max(r['rounds']):8.1f} {med / first:8.3f}  "
               f"{json.dumps(r['build'])} {json.dumps(r['config'])}{'  (bound, not a latency)' if diag else ''}")
+    if a.pads:
+        means = layout_means(rows)
+        print(f"\nmean over the layouts (pads {a.pads}):")
+        print(f"{'variant':16s} {'mean us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}")
+        for n, m, lo, hi, k in means:
+            print(f"{n:16s} {m:10.1f} {lo:8.1f} {hi:8.1f} {m / means[0][1]:8.3f}  ({k} layouts)")
     if os.environ.get("OUT"):
         pathlib.Path(os.environ["OUT"], f"ab_{a.model}_{a.ctx}.json").write_text(json.dumps(list(rows.values()), indent=1))
 
