@@ -102,7 +102,13 @@ def main():
     ap.add_argument("--pads", default="", help="comma-separated AMK_LAYOUT_PAD values: time each variant in each layout")
     a = ap.parse_args()
     if a.pads:
-        a.variants = with_pads(a.variants, [int(x) for x in a.pads.split(",")])
+        try:
+            pads = [int(x) for x in a.pads.split(",")]
+        except ValueError:
+            ap.error(f"--pads {a.pads!r}: expected comma-separated integers >= 0, e.g. 0,4,8,16")
+        if any(p < 0 for p in pads) or len(set(pads)) != len(pads):
+            ap.error(f"--pads {a.pads!r}: pads must be distinct integers >= 0")
+        a.variants = with_pads(a.variants, pads)
     if a.jobs > 1:
         prebuild(a)
     target = get_target("auto")
@@ -148,8 +154,8 @@ def main():
         first = first or med
         print(f"{name:16s} {med:10.1f} {min(r['rounds']):8.1f} {max(r['rounds']):8.1f} {med / first:8.3f}  "
               f"{json.dumps(r['build'])} {json.dumps(r['config'])}{'  (bound, not a latency)' if diag else ''}")
-    if a.pads:
-        means = layout_means(rows)
+    means = layout_means(rows) if a.pads else []
+    if means:
         print(f"\nmean over the layouts (pads {a.pads}):")
         print(f"{'variant':16s} {'mean us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}")
         for n, m, lo, hi, k in means:
