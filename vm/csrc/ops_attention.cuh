@@ -412,6 +412,23 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
   }
 }
 
+// The tensor-core body for a 2-byte cache, called from the op itself with the smem layout and the checks folded
+// for a constant head dim: amk_attn_core's generic-path setup (integer divisions, executed by every warp) and its
+// call level cost ~0.9 us of each attention task's critical path (docs/PERF.md, twenty-ninth session).
+// false: the body does not take this task (amk_attn_core's generic path does).
+template <class T, int D>
+__device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q, const void* kc, const void* vc,
+                                                const AmkAttnRange& r, float scale) {
+  const char* kbase = (const char*)kc + (size_t)r.kvh * r.S * (D * 2);
+  const char* vbase = (const char*)vc + (size_t)r.kvh * r.S * (D * 2);
+  if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return false;
+  const AmkAttnSmem m = amk_attn_smem(r.G, D);
+  float* sm = amk_in_smem(c.smem);
+  const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
+  amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
+                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv));
+  return true;
+}
 // Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
 // reporting BAD_INPUT) if one key's K and V rows do not fit a stage. pos: the row this step appends; early (the
 // task's early_kv hint): where the fast path takes the task, rows [lo, pos) of its first tiles were issued before
@@ -454,16 +471,11 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   const int row = D * T::BYTES;
   const bool vec = row % 16 == 0 && amk_aligned16(kbase) && amk_aligned16(vbase);
 #if AMK_ATTN_MMA && !AMK_ATTN_FAST
-  if constexpr (T::BYTES == 2) {  // (AMK_ATTN_FAST 0: the tensor-core body called from here, as before)
-    if (amk_attn_mma_takes(G, D, kbase, vbase)) {
-      const float* qh = q + (int64_t)kvh * G * D;
-      const int cut = early ? pos : lo;
-      if (D == 64)
-        amk_attn_mma<T, 64>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
-      else
-        amk_attn_mma<T, 128>(c, qh, kbase, vbase, G, lo, hi, cut, scale, a.o, a.st, a.sc, (uint2*)a.red, a.kv);
+  if constexpr (T::BYTES == 2) {  // (AMK_ATTN_FAST 0: the tensor-core body called from here, after the setup)
+    const AmkAttnRange r{kvh, G, D, S, pos, lo, hi, 0, 1, true, early};
+    if ((D == 64 && amk_attn_fast_d<T, 64>(c, q, kc, vc, r, scale)) ||
+        (D == 128 && amk_attn_fast_d<T, 128>(c, q, kc, vc, r, scale)))
       return true;
-    }
   }
 #endif
   const int nt = hi > lo ? (hi - lo + KT - 1) / KT : 0;
@@ -499,23 +511,6 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   return true;
 }
 
-// The tensor-core body for a 2-byte cache, called from the op itself with the smem layout and the checks folded
-// for a constant head dim: amk_attn_core's generic-path setup (integer divisions, executed by every warp) and its
-// call level cost ~0.9 us of each attention task's critical path (docs/PERF.md, twenty-ninth session).
-// false: the body does not take this task (amk_attn_core's generic path does).
-template <class T, int D>
-__device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q, const void* kc, const void* vc,
-                                                const AmkAttnRange& r, float scale) {
-  const char* kbase = (const char*)kc + (size_t)r.kvh * r.S * (D * 2);
-  const char* vbase = (const char*)vc + (size_t)r.kvh * r.S * (D * 2);
-  if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return false;
-  const AmkAttnSmem m = amk_attn_smem(r.G, D);
-  float* sm = amk_in_smem(c.smem);
-  const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
-  amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
-                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv));
-  return true;
-}
 __device__ __forceinline__ bool amk_attn_fast(const AmkCtx& c, int dt, const float* q, const void* kc,
                                               const void* vc, const AmkAttnRange& r, float scale) {
 #if AMK_ATTN_MMA && AMK_ATTN_FAST
