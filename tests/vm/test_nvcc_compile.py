@@ -29,15 +29,18 @@ def spills(stderr: str) -> dict[str, int]:
 
 # The preload build also carries the per-opcode no-wait diagnostic (sync.cuh AMK_DBG_NOWAIT_OPS: attention and
 # merge tasks skip their waits), the run-twice one (megakernel.cu AMK_DBG_TWICE_OPS, with AMK_DBG_TWICE_NOKV) and
-# the attention stage marks (AMK_DBG_ATTN_STAGE_MARKS), so the diagnostic switches scripts/ab_builds.py `diag:`
-# variants use keep compiling; the ring build has the 4-split merge body only (the loader's choice for 4 splits)
-# and the A/B switches' other sides (the tensor-core body called from amk_attn_core; the one-pass tile loop
-# compiled but off; a code-layout pad, scripts/ab_builds.py --pads).
+# the attention stage marks (AMK_DBG_ATTN_STAGE_MARKS) and the GEMV setup mark (AMK_DBG_SETUP_MARK), so the diagnostic
+# switches scripts/ab_builds.py `diag:` variants use keep compiling; the ring build has the 4-split merge body only
+# (the loader's choice for 4 splits) and the A/B switches' other sides (the tensor-core body called from
+# amk_attn_core; the one-pass tile loop compiled but off; a code-layout pad, scripts/ab_builds.py --pads; the
+# attention output written by the op after the body).
 @pytest.mark.parametrize("threads,depth,path", [(512, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
-                                                          "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4")),
+                                                          "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4",
+                                                          "-DAMK_ATTN_DIRECT=0")),
                                                 (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384",
                                                           "-DAMK_DBG_TWICE_OPS=440", "-DAMK_DBG_TWICE_NOKV=1",
-                                                          "-DAMK_MARKS=1", "-DAMK_DBG_ATTN_STAGE_MARKS=1"))],
+                                                          "-DAMK_MARKS=1", "-DAMK_DBG_ATTN_STAGE_MARKS=1",
+                                                          "-DAMK_DBG_SETUP_MARK=1"))],
                          ids=["ring", "preload"])
 def test_nvcc_compiles_sm80_sm90a(tmp_path, threads, depth, path):
     cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(tmp_path / "mk.o"),

@@ -46,6 +46,13 @@
 #ifndef AMK_ATTN_FAST
 #define AMK_ATTN_FAST 1
 #endif
+// AMK_ATTN_DIRECT 1: the tensor-core body writes the task's output rows itself from its cross-warp merge (no o_s /
+// st pass through shared memory, no block barrier between, and amk_op_attn returns right after the body: its spilled
+// values are not reloaded from the stack); 0 (A/B builds): the op writes them after the body, as before the
+// thirtieth session. The same values: the same bits. llama-3.2-1b -2.6% / -3.6% (docs/PERF.md, thirtieth session).
+#ifndef AMK_ATTN_DIRECT
+#define AMK_ATTN_DIRECT 1
+#endif
 
 // Row groups of the P.V pass; must match vm/smem.py's formula.
 __host__ __device__ __forceinline__ int amk_attn_rg(int hd) {
@@ -416,9 +423,10 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
 // for a constant head dim: amk_attn_core's generic-path setup (integer divisions, executed by every warp) and its
 // call level cost ~0.9 us of each attention task's critical path (docs/PERF.md, twenty-ninth session).
 // false: the body does not take this task (amk_attn_core's generic path does).
+// out: the task's output rows for a direct write (amk_attn_mma), or null.
 template <class T, int D>
 __device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q, const void* kc, const void* vc,
-                                                const AmkAttnRange& r, float scale) {
+                                                const AmkAttnRange& r, float scale, float* out, bool partial) {
   const char* kbase = (const char*)kc + (size_t)r.kvh * r.S * (D * 2);
   const char* vbase = (const char*)vc + (size_t)r.kvh * r.S * (D * 2);
   if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return false;
@@ -426,7 +434,7 @@ __device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q,
   float* sm = amk_in_smem(c.smem);
   const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
   amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
-                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv));
+                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv), out, partial);
   return true;
 }
 // Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
@@ -473,8 +481,8 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
 #if AMK_ATTN_MMA && !AMK_ATTN_FAST
   if constexpr (T::BYTES == 2) {  // (AMK_ATTN_FAST 0: the tensor-core body called from here, after the setup)
     const AmkAttnRange r{kvh, G, D, S, pos, lo, hi, 0, 1, true, early};
-    if ((D == 64 && amk_attn_fast_d<T, 64>(c, q, kc, vc, r, scale)) ||
-        (D == 128 && amk_attn_fast_d<T, 128>(c, q, kc, vc, r, scale)))
+    if ((D == 64 && amk_attn_fast_d<T, 64>(c, q, kc, vc, r, scale, nullptr, false)) ||
+        (D == 128 && amk_attn_fast_d<T, 128>(c, q, kc, vc, r, scale, nullptr, false)))
       return true;
   }
 #endif
@@ -512,19 +520,20 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
 }
 
 __device__ __forceinline__ bool amk_attn_fast(const AmkCtx& c, int dt, const float* q, const void* kc,
-                                              const void* vc, const AmkAttnRange& r, float scale) {
+                                              const void* vc, const AmkAttnRange& r, float scale, float* out,
+                                              bool partial) {
 #if AMK_ATTN_MMA && AMK_ATTN_FAST
   const bool bf = AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16;
   const bool hf = AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16;
   if (r.D == 64) {
-    if (bf) return amk_attn_fast_d<AmkBF16, 64>(c, q, kc, vc, r, scale);
-    if (hf) return amk_attn_fast_d<AmkF16, 64>(c, q, kc, vc, r, scale);
+    if (bf) return amk_attn_fast_d<AmkBF16, 64>(c, q, kc, vc, r, scale, out, partial);
+    if (hf) return amk_attn_fast_d<AmkF16, 64>(c, q, kc, vc, r, scale, out, partial);
   } else if (r.D == 128) {
-    if (bf) return amk_attn_fast_d<AmkBF16, 128>(c, q, kc, vc, r, scale);
-    if (hf) return amk_attn_fast_d<AmkF16, 128>(c, q, kc, vc, r, scale);
+    if (bf) return amk_attn_fast_d<AmkBF16, 128>(c, q, kc, vc, r, scale, out, partial);
+    if (hf) return amk_attn_fast_d<AmkF16, 128>(c, q, kc, vc, r, scale, out, partial);
   }
 #else
-  (void)c; (void)dt; (void)q; (void)kc; (void)vc; (void)r; (void)scale;
+  (void)c; (void)dt; (void)q; (void)kc; (void)vc; (void)r; (void)scale; (void)out; (void)partial;
 #endif
   return false;
 }
@@ -542,7 +551,15 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
   const int dt = amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE);
-  bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale);  // the tensor-core body, straight from here
+  // the task's output rows: ATTN_PARTIAL [n_kv, ns, G, D+2] at (kvh, sp); ATTN_DECODE [n_kv * G, D] at kvh
+  float* const out = (float*)amk_ptr(c, AMK_ATTN_DECODE_N_REQUIRED_IN) +
+                     (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
+  // the tensor-core body, straight from here; AMK_ATTN_DIRECT: it writes out itself
+  bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale, AMK_ATTN_DIRECT ? out : nullptr, partial);
+  if (ok && AMK_ATTN_DIRECT) {
+    if (!AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 2);
+    return;
+  }
   if (!ok && !amk_dispatch_dtype(c, dt, [&](auto tag) {
         ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, r.early, scale);
       }))
@@ -553,16 +570,13 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const float* sm = amk_in_smem(c.smem);
   const float* o_s = sm + a.o;
   const float* st = sm + a.st;
-  float* out = (float*)amk_ptr(c, AMK_ATTN_DECODE_N_REQUIRED_IN);
   if (!partial) {
-    for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS)
-      out[(int64_t)kvh * G * D + idx] = o_s[idx] / st[G + idx / D];
+    for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) out[idx] = o_s[idx] / st[G + idx / D];
   } else {
     const int row = D + 2;
-    float* base = out + ((int64_t)kvh * ns + sp) * G * row;
     for (int idx = amk_tid(); idx < G * row; idx += AMK_THREADS) {
       const int g = idx / row, e = idx - g * row;
-      base[idx] = e == 0 ? st[g] : (e == 1 ? st[G + g] : o_s[g * D + e - 2]);
+      out[idx] = e == 0 ? st[g] : (e == 1 ? st[G + g] : o_s[g * D + e - 2]);
     }
   }
 }

@@ -149,10 +149,14 @@ __device__ __forceinline__ void amk_attn_mma_rows(char* kv, int t, int KT, const
 // o_s [G, D], st [(m, l) x G], sc (score area), qf (the P.V-partials area) and kv (stage area): the op's
 // shared-memory areas (amk_attn_smem).
 // cut: rows [lo, cut) of the first AMK_ATTN_STAGES tiles are already in flight (amk_attn_early; lo = none).
+// out (AMK_ATTN_DIRECT): the task's output rows in global memory, written straight from the cross-warp merge with
+// the values the op's own loop would write from o_s / st -- ATTN_PARTIAL (partial): [G, (m, l, o[D])]; ATTN_DECODE:
+// o / l as [G, D] -- and the body then ends without a barrier (the task loop's follows). Null: o_s and st, then a
+// barrier.
 template <class T, int D>
 __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const char* kbase, const char* vbase,
                                           int G, int lo, int hi, int cut, float scale, float* o_s, float* st,
-                                          float* sc, uint2* qf, char* kv) {
+                                          float* sc, uint2* qf, char* kv, float* out, bool partial) {
   constexpr int ROW = D * 2, CPR = D / 8, KSTEPS = D / 16, NT = D / 8;  // row bytes, 16-byte chunks, k-steps, n-tiles
   const int KT = amk_attn_keys(D, 2), CPT = KT / 16;                     // keys and 16-key chunks per tile
   const int tid = amk_tid(), warp = amk_warp(), lane = amk_lane();
@@ -323,13 +327,25 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       os = fmaf(wt, ow[(w * G + h) * D + d], os);
       ls = fmaf(wt, lw[w * G + h], ls);
     }
-    o_s[idx] = os;
-    if (d == 0) {
-      st[h] = mm == -INFINITY ? -INFINITY : mm * 0.6931471805599453f;  // back to natural units of score * scale
-      st[G + h] = ls;
+    const float mn = mm == -INFINITY ? -INFINITY : mm * 0.6931471805599453f;  // natural units of score * scale
+    if (out == nullptr) {
+      o_s[idx] = os;
+      if (d == 0) {
+        st[h] = mn;
+        st[G + h] = ls;
+      }
+    } else if (partial) {
+      float* b = out + h * (D + 2);
+      b[2 + d] = os;
+      if (d == 0) {
+        b[0] = mn;
+        b[1] = ls;
+      }
+    } else {
+      out[idx] = os / ls;
     }
   }
-  __syncthreads();
+  if (out == nullptr) __syncthreads();
 }
 
 // The KV copies of an ATTN_DECODE / ATTN_PARTIAL task with the early_kv hint that need not wait, issued BEFORE its

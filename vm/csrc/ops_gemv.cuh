@@ -180,6 +180,7 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
       return;
     }
   }
+  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);
   if (wpr <= 1) {
     if constexpr (NM == 1) {
       for (int r = warp; r < rn; r += 2 * AMK_NWARPS) {  // warp-uniform: rows r and r + NWARPS together
@@ -332,7 +333,7 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
   } else {
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
   }
-  amk_mark(c, 2);
+  if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
 }
 
 // Per-dtype bodies are separate (noinline) functions: each gets its own register allocation.
