@@ -49,7 +49,8 @@
 // AMK_ATTN_DIRECT 1: the tensor-core body writes the task's output rows itself from its cross-warp merge (no o_s /
 // st pass through shared memory, no block barrier between, and amk_op_attn returns right after the body: its spilled
 // values are not reloaded from the stack); 0 (A/B builds): the op writes them after the body, as before the
-// thirtieth session. The same values: the same bits. llama-3.2-1b -2.6% / -3.6% (docs/PERF.md, thirtieth session).
+// thirtieth session. The same values: the same bits. llama-3.2-1b -2.9% (four code layouts), qwen3-0.6b -2.6%, ctx 8192
+// -0.8% (docs/PERF.md, thirtieth session).
 #ifndef AMK_ATTN_DIRECT
 #define AMK_ATTN_DIRECT 1
 #endif

@@ -1,6 +1,7 @@
 // Tensor-core decode attention: the fast path of amk_op_attn (ops_attention.cuh) for 2-byte KV caches (bf16,
 // f16), head_dim 64 or 128 and GQA groups of at most 8 heads. Same contract as the generic path: st = (m, l) and
-// o_s (unnormalised) over keys [lo, hi), ending with a barrier.
+// o_s (unnormalised) over keys [lo, hi), ending with a barrier -- or, given the task's output rows (AMK_ATTN_DIRECT),
+// those rows written directly with the same values and no closing barrier.
 //
 // Why: the generic path computes scores and P.V with fp32 FMAs from shared memory and is instruction-bound at long
 // context (~2 us per 128-key tile on an H100 while its bytes need ~1.4 us; docs/PERF.md, fifth session).
