@@ -49,8 +49,8 @@
 // AMK_ATTN_DIRECT 1: the tensor-core body writes the task's output rows itself from its cross-warp merge (no o_s /
 // st pass through shared memory, no block barrier between, and amk_op_attn returns right after the body: its spilled
 // values are not reloaded from the stack); 0 (A/B builds): the op writes them after the body, as before the
-// thirtieth session. The same values: the same bits. llama-3.2-1b -2.9% (four code layouts), qwen3-0.6b -2.6%, ctx 8192
-// -0.8% (docs/PERF.md, thirtieth session).
+// thirtieth session. The same values: the same bits. llama-3.2-1b -2.9% (four code layouts; -1.0% against the op
+// loop of amk_attn_store), qwen3-0.6b -2.6%, ctx 8192 -0.8% (docs/PERF.md, thirtieth session).
 #ifndef AMK_ATTN_DIRECT
 #define AMK_ATTN_DIRECT 1
 #endif
@@ -207,6 +207,23 @@ __device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool par
     r.hi = bound(r.sp + 1);
   }
   return r;
+}
+
+// Element (h, d) of an attention task's output rows, with its head's (m, l): the one definition of their layout --
+// ATTN_PARTIAL (partial) [G, (m, l, o[D])] per split, o unnormalised, m in natural units of score * scale (ATTN_MERGE
+// and a GEMV's merged x read it); ATTN_DECODE [G, D] as o / l.
+__device__ __forceinline__ void amk_attn_store(float* out, bool partial, int D, int h, int d, float o, float m,
+                                               float l) {
+  if (partial) {
+    float* b = out + h * (D + 2);
+    b[2 + d] = o;
+    if (d == 0) {
+      b[0] = m;
+      b[1] = l;
+    }
+  } else {
+    out[h * D + d] = o / l;
+  }
 }
 
 // The tensor-core fast path and the KV copies issued before the wait (use the helpers above).
@@ -571,14 +588,9 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const float* sm = amk_in_smem(c.smem);
   const float* o_s = sm + a.o;
   const float* st = sm + a.st;
-  if (!partial) {
-    for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) out[idx] = o_s[idx] / st[G + idx / D];
-  } else {
-    const int row = D + 2;
-    for (int idx = amk_tid(); idx < G * row; idx += AMK_THREADS) {
-      const int g = idx / row, e = idx - g * row;
-      out[idx] = e == 0 ? st[g] : (e == 1 ? st[G + g] : o_s[g * D + e - 2]);
-    }
+  for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
+    const int h = idx / D;
+    amk_attn_store(out, partial, D, h, idx - h * D, o_s[idx], st[h], st[G + h]);
   }
 }
 

@@ -329,21 +329,14 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       ls = fmaf(wt, lw[w * G + h], ls);
     }
     const float mn = mm == -INFINITY ? -INFINITY : mm * 0.6931471805599453f;  // natural units of score * scale
-    if (out == nullptr) {
+    if (out != nullptr) {
+      amk_attn_store(out, partial, D, h, d, os, mn, ls);
+    } else {
       o_s[idx] = os;
       if (d == 0) {
         st[h] = mn;
         st[G + h] = ls;
       }
-    } else if (partial) {
-      float* b = out + h * (D + 2);
-      b[2 + d] = os;
-      if (d == 0) {
-        b[0] = mn;
-        b[1] = ls;
-      }
-    } else {
-      out[idx] = os / ls;
     }
   }
   if (out == nullptr) __syncthreads();
