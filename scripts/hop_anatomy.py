@@ -6,6 +6,9 @@ Prints, averaged over the traced steps and the middle layers (us, relative to th
   * per family: execution start (first / median / last), done (first / median / last), median execution and wait;
   * per family with marks (``--marks`` traces): entry / stage / main loop / closing barrier / signal segments;
   * the signal lag of every hop: a waiting task's "waits met" stamp minus the last producer's "done" stamp;
+  * the attention chain per KV group: each group's attention execution, each merge's by its block, and when the
+    chain ends (last attention done, last merge done, first o_proj "waits met"): the chain waits on its slowest
+    group, and which groups are slow differs between processes (docs/PERF.md, thirty-first session);
   * the layer's streaming profile: bytes the executing tasks consume per 0.5 us (each task's est_bytes spread
     evenly over its execution; L2 hits count as well as HBM reads), as TB/s.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -87,6 +91,44 @@ def lags(d, fam) -> list[str]:
         [f"{f:11s} {np.median(v):5.2f} / {np.percentile(v, 90):5.2f}  (n={len(v)})" for f, v in res.items() if v]
 
 
+def _group(label: str) -> str:
+    """'L4.attn[g5.s2]' / 'L4.attn_merge[g5]' -> 'g5' (the KV group); '' for other labels."""
+    m = re.search(r"\[(g\d+)", label)
+    return m.group(1) if m else ""
+
+
+def chain(d, fam, lay, layers) -> list[str]:
+    t1, t2, blk, lab = d["t1"] / 1e3, d["t2"] / 1e3, d["queue_sm"], d["label"]
+    attn: dict[str, list[float]] = {}
+    merge: dict[tuple[str, int], list[float]] = {}
+    ends = []
+    for s in range(t1.shape[0]):
+        for L in layers:
+            if not ((lay == L) & (fam == "q")).any():
+                continue
+            b = t1[s][(lay == L) & (fam == "q")].min()
+            at, mg, op = ((lay == L) & (fam == f) for f in ("attn", "attn_merge", "o_proj"))
+            for i in np.where(at)[0]:
+                attn.setdefault(_group(str(lab[i])), []).append(t2[s, i] - t1[s, i])
+            for i in np.where(mg)[0]:
+                merge.setdefault((_group(str(lab[i])), int(blk[i])), []).append(t2[s, i] - t1[s, i])
+            if at.any() and op.any():
+                ends.append([t2[s][at].max() - b, t2[s][mg].max() - b if mg.any() else np.nan, t1[s][op].min() - b])
+    if not attn:
+        return ["(no attention tasks in these layers)"]
+    key = lambda g: int(g[1:]) if g[1:].isdigit() else -1   # noqa: E731
+    out = ["attention chain (median us over layers and steps)",
+           "  attention exec by KV group: " + "  ".join(f"{g} {np.median(v):.2f}" for g, v in
+                                                        sorted(attn.items(), key=lambda kv: key(kv[0])))]
+    if merge:
+        out.append("  merge exec by group@block: " + "  ".join(
+            f"{g}@{k} {np.median(v):.2f}" for (g, k), v in sorted(merge.items(), key=lambda kv: (key(kv[0][0]), kv[0][1]))))
+    if ends:
+        e = np.nanmedian(np.array(ends), axis=0)
+        out.append(f"  last attention done {e[0]:.2f}, last merge done {e[1]:.2f}, first o_proj waits met {e[2]:.2f}")
+    return out
+
+
 def profile(d, fam, lay, layer: int, dt: float = 0.5) -> list[str]:
     t1, t2, eb = d["t1"][0] / 1e3, d["t2"][0] / 1e3, d["est_bytes"]
     T = float(t2.max())
@@ -118,7 +160,7 @@ def main():
     fam, lay = families(d["label"])
     lo, hi = (int(x) for x in a.layers.split(":"))
     layers = [L for L in range(lo, hi) if ((lay == L) & (fam == "q")).any()]
-    for block in (phases(d, fam, lay, layers), segments(d, fam), lags(d, fam),
+    for block in (phases(d, fam, lay, layers), segments(d, fam), lags(d, fam), chain(d, fam, lay, layers),
                   profile(d, fam, lay, a.profile_layer)):
         print("\n".join(block), end="\n\n")
 

@@ -1,0 +1,50 @@
+"""scripts/hop_anatomy.py: the attention-chain block on a hand-built two-step, one-layer trace (numbers checked by
+hand: medians over the steps, the chain's end from the slowest group)."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("hop_anatomy", ROOT / "scripts" / "hop_anatomy.py")
+hop_anatomy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hop_anatomy)
+
+LABELS = ["L3.q[0:1].p0", "L3.attn[g0.s0]", "L3.attn[g0.s1]", "L3.attn[g1.s0]", "L3.attn_merge[g0]",
+          "L3.attn_merge[g1]", "L3.o_proj[0:16]", "L3.o_proj[16:32]"]
+BLOCKS = [0, 1, 2, 3, 4, 5, 6, 7]
+# waits met / done in ns, per step (two steps): q starts the layer at 1000 ns, step 1 is step 0 shifted by 500
+# ns with group 1's attention 2000 ns slower
+T1 = [[1000, 8000, 8000, 8200, 13000, 12500, 15000, 15300]]
+T2 = [[7000, 12000, 12500, 11900, 14700, 14000, 20000, 20100]]
+T1.append([t + 500 for t in T1[0]])
+T2.append([t + 500 + (2000 if i in (3, 5) else 0) for i, t in enumerate(T2[0])])
+T1[1][5] += 2000   # group 1's merge then waits for its later attention
+
+
+def _trace():
+    n = len(LABELS)
+    return {"t0": np.zeros((2, n), np.int64), "t1": np.array(T1, np.int64), "t2": np.array(T2, np.int64),
+            "label": np.array(LABELS), "queue_sm": np.array(BLOCKS)}
+
+
+def test_chain_reports_groups_merges_and_the_end_of_the_chain():
+    d = _trace()
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.chain(d, fam, lay, [3])
+    # g0: exec 4.0 and 4.5 in both steps -> median 4.25; g1: 3.7 (step 0) and 5.7 (step 1) -> 4.70
+    assert lines[1].split(": ")[1].split() == ["g0", "4.25", "g1", "4.70"]
+    # merges: g0 on block 4: 1.70 both steps; g1 on block 5: 1.50 both steps (step 1 waits and ends 2 us later)
+    assert lines[2].split(": ")[1].split() == ["g0@4", "1.70", "g1@5", "1.50"]
+    # relative to each step's layer start (the q task's waits met: 1.0 / 1.5 us): step 0 last attention done 12.5 -
+    # 1.0 = 11.5, last merge 14.7 - 1.0 = 13.7, o_proj met 15.0 - 1.0 = 14.0; step 1 (group 1 late) 14.4 - 1.5 =
+    # 12.9, 16.5 - 1.5 = 15.0, 15.5 - 1.5 = 14.0 -> medians 12.20, 14.35, 14.00
+    assert lines[3] == "  last attention done 12.20, last merge done 14.35, first o_proj waits met 14.00"
+
+
+def test_chain_without_attention_says_so():
+    d = _trace()
+    fam, lay = hop_anatomy.families(d["label"])
+    assert hop_anatomy.chain(d, fam, lay, [7]) == ["(no attention tasks in these layers)"]
