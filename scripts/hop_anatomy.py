@@ -97,11 +97,15 @@ def _group(label: str) -> str:
     return m.group(1) if m else ""
 
 
+def _group_order(g: str) -> int:
+    return int(g[1:]) if g[1:].isdigit() else -1
+
+
 def chain(d, fam, lay, layers) -> list[str]:
     t1, t2, blk, lab = d["t1"] / 1e3, d["t2"] / 1e3, d["queue_sm"], d["label"]
     attn: dict[str, list[float]] = {}
     merge: dict[tuple[str, int], list[float]] = {}
-    ends = []
+    ends = []   # per (step, layer): last attention done, last merge done (nan: none), first o_proj waits met
     for s in range(t1.shape[0]):
         for L in layers:
             if not ((lay == L) & (fam == "q")).any():
@@ -116,16 +120,18 @@ def chain(d, fam, lay, layers) -> list[str]:
                 ends.append([t2[s][at].max() - b, t2[s][mg].max() - b if mg.any() else np.nan, t1[s][op].min() - b])
     if not attn:
         return ["(no attention tasks in these layers)"]
-    key = lambda g: int(g[1:]) if g[1:].isdigit() else -1   # noqa: E731
+    groups = sorted(attn, key=_group_order)
     out = ["attention chain (median us over layers and steps)",
-           "  attention exec by KV group: " + "  ".join(f"{g} {np.median(v):.2f}" for g, v in
-                                                        sorted(attn.items(), key=lambda kv: key(kv[0])))]
+           "  attention exec by KV group: " + "  ".join(f"{g} {np.median(attn[g]):.2f}" for g in groups)]
     if merge:
-        out.append("  merge exec by group@block: " + "  ".join(
-            f"{g}@{k} {np.median(v):.2f}" for (g, k), v in sorted(merge.items(), key=lambda kv: (key(kv[0][0]), kv[0][1]))))
+        keys = sorted(merge, key=lambda gk: (_group_order(gk[0]), gk[1]))
+        out.append("  merge exec by group@block: " + "  ".join(f"{g}@{k} {np.median(merge[g, k]):.2f}"
+                                                              for g, k in keys))
     if ends:
-        e = np.nanmedian(np.array(ends), axis=0)
-        out.append(f"  last attention done {e[0]:.2f}, last merge done {e[1]:.2f}, first o_proj waits met {e[2]:.2f}")
+        e = np.array(ends)
+        last_merge = f"{np.median(e[:, 1]):.2f}" if merge else "- (no merge tasks)"
+        out.append(f"  last attention done {np.median(e[:, 0]):.2f}, last merge done {last_merge}, "
+                   f"first o_proj waits met {np.median(e[:, 2]):.2f}")
     return out
 
 

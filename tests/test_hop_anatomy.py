@@ -48,3 +48,13 @@ def test_chain_without_attention_says_so():
     d = _trace()
     fam, lay = hop_anatomy.families(d["label"])
     assert hop_anatomy.chain(d, fam, lay, [7]) == ["(no attention tasks in these layers)"]
+
+
+def test_chain_without_merge_tasks_reports_no_merge():
+    d = _trace()
+    keep = np.array(["attn_merge" not in s for s in LABELS])   # a program whose o_proj merges (no merge tasks)
+    d = {k: (v[:, keep] if v.ndim == 2 else v[keep]) for k, v in d.items()}
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.chain(d, fam, lay, [3])
+    assert len(lines) == 3 and not any("merge exec" in ln for ln in lines)
+    assert lines[2] == "  last attention done 12.20, last merge done - (no merge tasks), first o_proj waits met 14.00"
