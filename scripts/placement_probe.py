@@ -12,6 +12,9 @@ per VM its median and the addresses of its counters / first activation. Prints a
     --triggers a,b,...   VM 0 timed after each step: idle, check, alloc[N], empty, fillsmall, readw, gemm, build,
                          checkv1, free (which foreign work moves the one-VM timing; twenty-third session)
     --pack ROUNDS        weights as loaded vs packed into one allocation, timed alternately after fills
+    --profile-staged     VM 0 alone, then after VM 1 was built and checked: one step of VM 0 in each state inside
+                         cudaProfilerStart/Stop, for `ncu --profile-from-start off --launch-count 2` (which counters
+                         tell the two states apart; thirty-first session)
     --nvcc=FLAGS         build flags (e.g. --nvcc=-DAMK_SMEM_CARVEOUT=0; note the '=': the value starts with '-')
 
 Twenty-third session (H100, docs/PERF.md): the one-VM timing moves between ~1155 and ~1210 us after foreign kernels
@@ -55,6 +58,9 @@ def main():
     ap.add_argument("--pack", type=int, default=0, metavar="ROUNDS",
                     help="instead: VM A on the weights as loaded (one allocation each), VM B on a copy packed into "
                          "one allocation in program order; ROUNDS x (fill a fresh buffer, time A, time B)")
+    ap.add_argument("--profile-staged", action="store_true",
+                    help="instead: one step of VM 0 alone and one after VM 1 was built and checked, each inside "
+                         "cudaProfilerStart/Stop (run under ncu --profile-from-start off)")
     ap.add_argument("--ramp", type=float, default=0.0,
                     help="also: idle this many seconds, then time 40 back-to-back batches of 25 steps (the warm-up)")
     a = ap.parse_args()
@@ -72,6 +78,16 @@ def main():
         return
     if a.pack:
         run_pack(a, g, prog, tv)
+        return
+    if a.profile_staged:
+        v0 = checked_vm(prog, g)
+        t_alone = tv(v0)
+        profiled_step(v0, a.ctx)
+        v1 = checked_vm(prog, g)
+        t_after = tv(v0)
+        profiled_step(v0, a.ctx)
+        print(f"VM 0 alone {t_alone} us; after VM 1 was built and checked {t_after} us (3 x 30 steps; "
+              f"v1 at {v1.sync.data_ptr():#x}); profiled one step of VM 0 after each")
         return
     if a.staged:
         v0 = checked_vm(prog, g)
@@ -112,6 +128,15 @@ def main():
     for i, vm in enumerate(vms):
         print(f"| {i} | {statistics.median(times[i]):.1f} | {', '.join(f'{t:.1f}' for t in times[i])} | "
               f"{vm.sync.data_ptr():#x} | {vm.tensors[first_act].data_ptr():#x} |")
+
+
+def profiled_step(vm, ctx: int) -> None:
+    """One decode step of ``vm`` at position ctx between cudaProfilerStart and cudaProfilerStop."""
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    vm.step(1, ctx, check=False)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 def checked_vm(prog, g, weights=None):
