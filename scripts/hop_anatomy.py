@@ -34,15 +34,20 @@ def families(labels) -> tuple[np.ndarray, np.ndarray]:
     return np.array([f for f, _ in fl]), np.array([layer for _, layer in fl])
 
 
+def layer_start(t1_step, fam, lay, L: int) -> float | None:
+    """A layer's time origin in one step: its first q task's "waits met" stamp (None: the layer has no q task)."""
+    m = (lay == L) & (fam == "q")
+    return float(t1_step[m].min()) if m.any() else None
+
+
 def phases(d, fam, lay, layers) -> list[str]:
     t0, t1, t2 = d["t0"] / 1e3, d["t1"] / 1e3, d["t2"] / 1e3
     rows, span = {}, []
     for s in range(t0.shape[0]):
         for L in layers:
-            b = t1[s][(lay == L) & (fam == "q")].min()
-            nxt = (lay == L + 1) & (fam == "q")
-            if nxt.any():
-                span.append(t1[s][nxt].min() - b)
+            b, nxt = layer_start(t1[s], fam, lay, L), layer_start(t1[s], fam, lay, L + 1)
+            if nxt is not None:
+                span.append(nxt - b)
             for f in ORDER:
                 m = (lay == L) & (fam == f)
                 if m.any():
@@ -108,9 +113,9 @@ def chain(d, fam, lay, layers) -> list[str]:
     ends = []   # per (step, layer): last attention done, last merge done (nan: none), first o_proj waits met
     for s in range(t1.shape[0]):
         for L in layers:
-            if not ((lay == L) & (fam == "q")).any():
+            b = layer_start(t1[s], fam, lay, L)
+            if b is None:
                 continue
-            b = t1[s][(lay == L) & (fam == "q")].min()
             at, mg, op = ((lay == L) & (fam == f) for f in ("attn", "attn_merge", "o_proj"))
             for i in np.where(at)[0]:
                 attn.setdefault(_group(str(lab[i])), []).append(t2[s, i] - t1[s, i])
@@ -147,9 +152,10 @@ def profile(d, fam, lay, layer: int, dt: float = 0.5) -> list[str]:
             if hi > lo:
                 rate[k] += r * (hi - lo)
     rate /= dt * 1e6   # TB/s
-    b0 = t1[(lay == layer) & (fam == "q")].min()
-    nxt = (lay == layer + 1) & (fam == "q")
-    b1 = t1[nxt].min() if nxt.any() else b0 + 60
+    b0, b1 = layer_start(t1, fam, lay, layer), layer_start(t1, fam, lay, layer + 1)
+    if b0 is None:
+        return [f"(layer {layer} has no q task: no profile)"]
+    b1 = b0 + 60 if b1 is None else b1
     out = [f"layer {layer}, step 0: consumed TB/s per {dt} us (est_bytes over each task's execution)"]
     for k in range(int(b0 // dt), int(b1 // dt) + 1):
         out.append(f"{k * dt - b0:6.1f} {rate[k]:5.2f} " + "#" * int(rate[k] * 20))
@@ -165,7 +171,7 @@ def main():
     d = np.load(a.npz)
     fam, lay = families(d["label"])
     lo, hi = (int(x) for x in a.layers.split(":"))
-    layers = [L for L in range(lo, hi) if ((lay == L) & (fam == "q")).any()]
+    layers = [L for L in range(lo, hi) if layer_start(d["t1"][0], fam, lay, L) is not None]
     for block in (phases(d, fam, lay, layers), segments(d, fam), lags(d, fam), chain(d, fam, lay, layers),
                   profile(d, fam, lay, a.profile_layer)):
         print("\n".join(block), end="\n\n")
