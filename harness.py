@@ -197,25 +197,6 @@ def _cpu_correctness(v, model_id, graph, prog, n_steps, seed) -> None:
                       f"{s['steps']} steps, {graph.dtype} tolerances")
 
 
-def _max_seq_for(graph, ctx: int) -> int | None:
-    """The KV-cache length to lower for a step at position ctx: the lowering's default, or ctx + 1 where ctx
-    reaches past it (min(max_position, 4096))."""
-    return min(ctx + 1, graph.config.max_position) if ctx >= min(graph.config.max_position, 4096) else None
-
-
-def _predict_config(model_id, target, cfg: dict, ctx: int, seed: int, dtype: str | None) -> float | None:
-    """The cost model's us per step of ``cfg`` (lowering only: no validator, no correctness, no GPU); None where
-    it does not lower. loop() screens its random proposals with it before paying for a GPU evaluation."""
-    from schedule.cost_model import predict_us
-    from schedule.lower import lower
-    try:
-        graph = _graph(model_id, dtype or _default_dtype(str(model_id)), seed)
-        prog = lower(graph, target, cfg, max_seq=_max_seq_for(graph, ctx))
-        return float(predict_us(prog, target, ctx=min(ctx, int(prog.meta["max_seq"]) - 1)))
-    except Exception:   # a proposal that does not lower is the evaluation's to reject and report
-        return None
-
-
 def _evaluate(model_id, gpu, config, device="auto", ctx=512, verify_steps=4, seed=0, dtype=None,
               max_seq=None, bench_kwargs=None) -> tuple[dict, Any, Any]:
     """evaluate() plus the lowered program and graph (for A/B confirmation in loop)."""
@@ -251,7 +232,8 @@ def _evaluate(model_id, gpu, config, device="auto", ctx=512, verify_steps=4, see
     except GraphError as e:
         return _reject(v, "model", str(e)), None, None
     v["dtype"] = graph.dtype
-    max_seq = max_seq if max_seq is not None else _max_seq_for(graph, ctx)
+    if max_seq is None and ctx >= min(graph.config.max_position, 4096):   # decode at position ctx needs ctx + 1
+        max_seq = min(ctx + 1, graph.config.max_position)
     try:
         prog = lower(graph, target, cfg, max_seq=max_seq)
     except IRError as e:
@@ -388,8 +370,7 @@ def _acceptable(v: dict, allow_unverified: bool) -> bool:
 def loop(model_id: str, gpu, budget: int, device: str = "auto", seed: int = 0, log_dir: str = "runs",
          ctx: int = 512, verify_steps: int = 4, dtype: str | None = None, incumbent: dict | None = None,
          explore_frac: float = 1 / 3, min_gain: float = 0.01, ab_rounds: int = 5, allow_unverified: bool = False,
-         progress: bool = True, plot: bool = True, tag: str | None = None, screen: float = 1.5,
-         screen_draws: int = 20) -> dict:
+         progress: bool = True, plot: bool = True, tag: str | None = None) -> dict:
     """Keep/revert search over ``budget`` evaluations (the incumbent's included).
 
     Trial 0 is the incumbent (``incumbent``, else the best corpus point, else defaults); the next
@@ -397,12 +378,6 @@ def loop(model_id: str, gpu, budget: int, device: str = "auto", seed: int = 0, l
     kept only if correct and >= ``min_gain`` faster, or not slower with fewer tasks; on a GPU a would-be winner must
     also win an interleaved A/B (``eval.bench.ab_compare``) against the incumbent's program. Every trial goes to
     results.tsv, every kept point to corpus.jsonl.
-
-    On a GPU (where each evaluation builds and times a kernel, ~1 minute) a random proposal is first screened by
-    the cost model: one predicted slower than ``screen`` x the incumbent's prediction is redrawn, up to
-    ``screen_draws`` draws (then the draw with the lowest prediction goes). On an H100 unscreened random points
-    measured 1.9-30x slower than the defaults and took most of a 24-trial budget (docs/PERF.md, thirty-second
-    session). ``screen`` 0 turns it off; mutations are never screened.
     """
     from schedule.ir import IRError
     from schedule.lower import schedule_id
@@ -421,7 +396,6 @@ def loop(model_id: str, gpu, budget: int, device: str = "auto", seed: int = 0, l
         rec = prior.best_corpus_point(str(model_id), target.name, str(flog.corpus_path(log_dir)))
         start, source = ({**prior.defaults(), **rec["config"]}, "corpus") if rec else (prior.defaults(), "defaults")
     n_explore = int(round(budget * explore_frac)) if budget > 2 else 0
-    gpu_eval = device in ("cuda", "gpu") or (device == "auto" and _has_gpu())
     best_v = best_cfg = best_prog = None
     trials, seen, t0 = [], set(), time.perf_counter()
     flog.progress_bar(0, budget, None, t0, progress)
@@ -431,25 +405,13 @@ def loop(model_id: str, gpu, budget: int, device: str = "auto", seed: int = 0, l
             kind, cfg = source, start
         else:
             kind = "explore" if i <= n_explore else "mutate"
-            ref = (best_v or {}).get("predicted_us") if gpu_eval and screen > 0 else None
-            draws: list[tuple[float, dict]] = []   # screened random proposals: (prediction, config)
             for _ in range(200):   # skip configs already tried
                 if kind == "explore" or best_cfg is None:
                     cfg, changed = prior.random_config(rng, target), ["random"]
                 else:
                     cfg, changed = prior.mutate(best_cfg, rng, target)
-                if schedule_id(cfg) in seen:
-                    continue
-                if ref is None or changed != ["random"]:
+                if schedule_id(cfg) not in seen:
                     break
-                pred = _predict_config(model_id, target, cfg, ctx, seed, dtype)
-                draws.append((float("inf") if pred is None else pred, cfg))
-                if pred is not None and pred <= screen * ref or len(draws) >= screen_draws:
-                    break
-            if draws:
-                pred, cfg = min(draws, key=lambda d: d[0]) if len(draws) >= screen_draws else draws[-1]
-                if len(draws) > 1:
-                    changed = changed + [f"{len(draws) - 1} screened out by the cost model"]
         seen.add(schedule_id(cfg))
         v, prog, graph = _safe_evaluate(model_id, target, cfg, device, ctx, verify_steps, seed, dtype)
         kept, why, ab = False, "", None

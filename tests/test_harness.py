@@ -181,44 +181,6 @@ def test_gpu_loop_confirms_winners_by_ab(fake_gpu, tmp_path):
     assert b.ab_calls > 0
 
 
-def test_gpu_loop_screens_random_proposals_by_the_cost_model(fake_gpu, tmp_path, monkeypatch):
-    """On a GPU a random proposal predicted slower than screen x the incumbent's prediction is redrawn: here only
-    configs with gemv_rows 8 pass (a stand-in predictor), so every explored config has it; the real predictor
-    screens the incumbent's own prediction (the defaults' verdict), and mutations are never screened."""
-    fake_gpu(FakeBench(latency=100.0))
-    asked = []
-
-    def fake_predict(model_id, target, cfg, ctx, seed, dtype):
-        asked.append(cfg)
-        return 1.0 if cfg["gemv_rows"] == 8 else 1e9
-    monkeypatch.setattr(harness, "_predict_config", fake_predict)
-    r = harness.loop("toy", "h100", budget=6, device="cuda", log_dir=tmp_path, progress=False, plot=False, seed=5)
-    explore = [t for t in r["trials"] if t["kind"] == "explore"]
-    assert len(explore) == 2 and all(t["config"]["gemv_rows"] == 8 for t in explore)
-    assert len(asked) > len(explore)   # some draws were screened out, and the trial says how many
-    assert any("screened out by the cost model" in c for t in explore for c in t["changed"])
-    assert all(t["kind"] != "mutate" or "screened" not in " ".join(t["changed"]) for t in r["trials"])
-    # screen 0: no prediction asked, the random draws go straight to the GPU
-    asked.clear()
-    r = harness.loop("toy", "h100", budget=6, device="cuda", log_dir=tmp_path / "2", progress=False, plot=False,
-                     seed=5, screen=0)
-    assert not asked and any(t["config"]["gemv_rows"] != 8 for t in r["trials"] if t["kind"] == "explore")
-    # nothing passes within screen_draws: the draw with the lowest prediction goes
-    monkeypatch.setattr(harness, "_predict_config", lambda m, tg, cfg, c, sd, dt: 1e9 + cfg["gemv_rows"])
-    r = harness.loop("toy", "h100", budget=3, device="cuda", log_dir=tmp_path / "3", progress=False, plot=False,
-                     seed=5, screen_draws=30)
-    assert [t["config"]["gemv_rows"] for t in r["trials"] if t["kind"] == "explore"] == [0]
-
-
-def test_predict_config_matches_the_evaluation():
-    """The screening predictor is the cost model on the same lowering evaluate() reports as predicted_us."""
-    from schedule.ir import TARGETS
-    v = harness.evaluate("toy", "h100", {"gemv_rows": 8}, device="cpu")
-    p = harness._predict_config("toy", TARGETS["h100"], v["config"], 512, 0, None)
-    assert p is not None and p == pytest.approx(v["predicted_us"])
-    assert harness._predict_config("toy", TARGETS["h100"], {"gemv_rows": 7}, 512, 0, None) is None
-
-
 def test_loop_on_cpu_logs_every_trial(tmp_path):
     r = harness.loop("toy", "h100", budget=5, device="cpu", log_dir=tmp_path, progress=False, plot=False)
     assert len(r["trials"]) == 5 and [t["trial"] for t in r["trials"]] == list(range(5))
