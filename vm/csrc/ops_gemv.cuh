@@ -171,6 +171,7 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
 #pragma unroll
   for (int m = 0; m < NM; ++m) vec = vec && amk_aligned16(W[m]);
   int wpr = rn > 0 ? AMK_NWARPS / rn : 1;  // warps per row
+  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // every path's rows start loading here (the short rows' too)
   if constexpr (NM == 1) {
     // Short rows (one 16-byte chunk per lane covers the row: o_proj split by KV group has K = group * head_dim, a
     // fused MLP tile's down block K = its rows): several rows per warp load, AMK_RS loads per lane in flight (the
@@ -180,7 +181,6 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
       return;
     }
   }
-  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);
   if (wpr <= 1) {
     if constexpr (NM == 1) {
       for (int r = warp; r < rn; r += 2 * AMK_NWARPS) {  // warp-uniform: rows r and r + NWARPS together
@@ -324,11 +324,12 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
       off += c.ins->prefetch_bytes[m];
     }
     amk_gemv_tile<T, NM>(c, Ws, K, rn, xs, AmkSrcShared{}, epi);
-    amk_mark(c, 2);
+    if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // (the setup mark was set inside the tile)
     return;
   }
 #endif
   if (amk_stream_geom(*c.ins, g)) {
+    if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // the ring's rows are consumed from here
     amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
   } else {
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
