@@ -171,7 +171,6 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
 #pragma unroll
   for (int m = 0; m < NM; ++m) vec = vec && amk_aligned16(W[m]);
   int wpr = rn > 0 ? AMK_NWARPS / rn : 1;  // warps per row
-  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // every path's rows start loading here (the short rows' too)
   if constexpr (NM == 1) {
     // Short rows (one 16-byte chunk per lane covers the row: o_proj split by KV group has K = group * head_dim, a
     // fused MLP tile's down block K = its rows): several rows per warp load, AMK_RS loads per lane in flight (the
@@ -323,8 +322,9 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
       Ws[m] = (const char*)c.pre_buf + off;
       off += c.ins->prefetch_bytes[m];
     }
+    if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // the preloaded rows are read from here
     amk_gemv_tile<T, NM>(c, Ws, K, rn, xs, AmkSrcShared{}, epi);
-    if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // (the setup mark was set inside the tile)
+    if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
     return;
   }
 #endif
@@ -332,6 +332,7 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
     if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // the ring's rows are consumed from here
     amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
   } else {
+    if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // every register path's rows (the short rows' too) start loading here
     amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
   }
   if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
@@ -415,6 +416,7 @@ __device__ __noinline__ void amk_gemv_group_body(const AmkCtx& c, const float* p
     v[j] = lane < nc ? src.ld(W + r * rs + (size_t)lane * 16) : make_uint4(0u, 0u, 0u, 0u);
   }
   amk_stage_merged_x(c, part, K, ns, G, D, xs, ps, split);  // ends with a barrier
+  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // (the rows were issued before the stage: no setup after it)
   const float* xsm = amk_in_smem(xs);
   if (rb < rn) {
     float acc[AMK_RS];
@@ -433,7 +435,7 @@ __device__ __noinline__ void amk_gemv_group_body(const AmkCtx& c, const float* p
     amk_gemv_tile<T, 1>(c, Wr, K, rn - done, xsm, src,
                         [&](int r, const float (&a)[1]) { atomicAdd(y + done + r, a[0]); });
   }
-  amk_mark(c, 2);
+  if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
 }
 
 __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
