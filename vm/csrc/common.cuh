@@ -147,8 +147,8 @@ __device__ __forceinline__ void amk_report(const AmkParams& p, int code, int tas
 #endif
 // AMK_DBG_SETUP_MARK 1 (diagnostic, with AMK_MARKS): a GEMV-family tile (amk_gemv_rows: GEMV, GEMV_SILU_MUL,
 // QKV_ROPE; register, short-row, preloaded and ring paths; the o_proj-by-group body) sets mark 2 once, where its
-// rows' loads begin, instead of after its rows (a fused down block's tile sets none), so 1 -> 2 times the setup between the staged input and the first weight load, and 2 -> 3 the rows and
-// the closing barrier.
+// rows' loads begin, instead of after its rows (a fused down block's tile sets none), so 1 -> 2 times the setup
+// between the staged input and the first weight load, and 2 -> 3 the rows and the closing barrier.
 #ifndef AMK_DBG_SETUP_MARK
 #define AMK_DBG_SETUP_MARK 0
 #endif
