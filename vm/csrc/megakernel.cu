@@ -237,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     if (amk_tid() == 0) {
       if (trace) trace[0] = amk_globaltimer();  // stored at once: nothing of it stays live across the op call
       amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
-      s_flag = amk_wait_all(P, s_ins, qi + 1 < q1 ? p.queue_items + qi + 1 : nullptr, sm);
+      s_flag = amk_wait_all(P, s_ins, qi + 1 < q1 ? p.queue_items + qi + 1 : nullptr, sm, true);
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
       if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_ins.next_preload >= 0)
@@ -287,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       amk_mark(ci, 3);  // (the stage-marks diagnostic keeps an attention task's mark 3 inside its stage)
     if (s_flag) {
       if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
+      amk_cp_async_wait<0>();  // (a joined attention task that stopped at its wait has early KV rows in flight)
       break;
     }
     if (amk_tid() == 0) {

@@ -18,6 +18,7 @@
 // alpha) | AMK_ATTN_STAGES stages of AMK_ATTN_STAGE_BYTES (K rows, then V rows at KT*hd elements)
 #pragma once
 #include "common.cuh"
+#include "sync.cuh"
 // Profiling switches (wrong results; scripts/trace_breakdown.py variants only): skip the KV copies, skip the
 // tile math, or skip phases of it (bits: 1 scores, 2 softmax, 4 P.V, 8 o update).
 #ifndef AMK_DBG_NOLOAD
@@ -504,6 +505,7 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
       return true;
   }
 #endif
+  if (!amk_join(c)) return false;  // a joined task (sync.cuh) waits here, after the setup above
   const int nt = hi > lo ? (hi - lo + KT - 1) / KT : 0;
   // tile t -> stage t % STAGES: K rows at its start, V rows KT rows later. One commit group per tile (empty past
   // the end), so wait_group<STAGES-1> always means "tile t has landed".
@@ -578,6 +580,7 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
     if (!AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 2);
     return;
   }
+  if (ok && *c.flag) return;  // the body's joined wait stopped the block (nothing to store)
   if (!ok && !amk_dispatch_dtype(c, dt, [&](auto tag) {
         ok = amk_attn_core<decltype(tag)>(c, q, kc, vc, kvh, G, D, S, lo, hi, r.pos, r.early, scale);
       }))
@@ -601,6 +604,7 @@ __device__ __noinline__ void amk_op_attn_merge(const AmkCtx& c) {
   const float* part = (const float*)amk_ptr(c, AMK_ATTN_MERGE_IN_PARTIAL);  // [n_kv, ns, G, D+2]
   float* out = (float*)amk_ptr(c, AMK_ATTN_MERGE_N_REQUIRED_IN);
   const float* base = part + (int64_t)kvh * ns * G * (D + 2);
+  if (!amk_join(c)) return;  // a joined task (sync.cuh) waits here for the partials
   for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
     const int g = idx / D;
     out[(int64_t)kvh * G * D + idx] = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true);

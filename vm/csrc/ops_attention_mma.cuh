@@ -26,6 +26,7 @@
 // the output stays a convex combination of V rows. Scores, softmax state and O accumulate in fp32.
 #pragma once
 #include "common.cuh"
+#include "sync.cuh"
 
 // AMK_ATTN_MMA (ops_attention.cuh): 0 compiles this path out.
 
@@ -192,6 +193,8 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   auto q_store = [=](int s, float2 x, float2 y) {
     qf[s * 32 + lane] = make_uint2(amk_pack2(T(), x.x, x.y), amk_pack2(T(), y.x, y.y));
   };
+  // A joined task (sync.cuh) waits for its q and its new K / V row here, after the setup above.
+  if (!amk_join(c)) return;
   // The prologue fills every stage (all are free when the op starts): tile STAGES - 1 -- for a short split the
   // one holding the row at pos -- is then in flight with q instead of issued after q has landed.
   if (AMK_DBG_ATTN_STAGE_MARKS) amk_mark(c, 2);

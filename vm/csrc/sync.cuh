@@ -106,12 +106,40 @@ __device__ __noinline__ int64_t amk_wait_pf(const AmkParams& p, const AmkInstr& 
 #ifndef AMK_DBG_NOWAIT_OPS
 #define AMK_DBG_NOWAIT_OPS 0
 #endif
+// Joined waits (AMK_JOIN_OPS: opcodes, bit 1 << AMK_OP_...). The task loop's wait of such a task checks its
+// counters once (one round trip, while the other warps prepare the task as usual); if they are met the op runs as
+// any other, else the wait is deferred to the op: it runs its input-independent setup first and waits at its first
+// read of an input (amk_join) -- so on the dependency chain the op's setup (dispatch, noinline calls, ranges,
+// geometry: ~2 us for an attention split, docs/PERF.md) overlaps the wait instead of following it, while a task
+// whose inputs are already there reaches its op as before (the thirtieth session's design A ran the setup before
+// every first poll and delayed those by ~1.5 us). Contract: every path of a joined op either calls amk_join exactly
+// once, before it reads anything a producer writes, or fails (amk_fail: the block stops, nothing is signalled).
+// State: amk_s_join = 1 while a deferred wait is pending; amk_s_join_next = the next task's queue slot (prefetch).
+#ifndef AMK_JOIN_OPS
+#define AMK_JOIN_OPS ((1 << AMK_OP_ATTN_DECODE) | (1 << AMK_OP_ATTN_PARTIAL) | (1 << AMK_OP_ATTN_MERGE))
+#endif
+__shared__ int amk_s_join;
+__shared__ const int32_t* amk_s_join_next;
+
 // next_item: the queue slot holding the next task's instruction index (nullptr: this is the block's last task).
-__device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, const int32_t* next_item, int sm) {
+// may_join: the task loop's call (a joined op's wait may be deferred); amk_join's call waits.
+__device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, const int32_t* next_item, int sm,
+                                         bool may_join = false) {
   int aborted = amk_ld_relaxed(p.status + AMK_STATUS_ABORT);
   if (AMK_DBG_NOWAIT || ((AMK_DBG_NOWAIT_OPS >> (in.op & 31)) & 1)) return aborted;
   if (!AMK_WAIT_OVERLAP && aborted) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
+  if (AMK_JOIN_OPS && may_join) {
+    amk_s_join = 0;
+    if ((AMK_JOIN_OPS >> (in.op & 31)) & 1) {
+      int met = 1;
+      for (int w = 0; w < nw; ++w) met &= amk_ld_acquire(p.counters + in.wait_counter[w]) >= in.wait_threshold[w];
+      if (aborted || met) return aborted;
+      amk_s_join = 1;  // the op waits (amk_join)
+      amk_s_join_next = next_item;
+      return 0;
+    }
+  }
   int64_t pf_done = 0;  // bytes of the prefetch ranges requested so far (INT64_MAX: all)
   const int64_t pace = p.wait_prefetch_pace_bytes;
   for (int w = 0; w < nw; ++w) {
@@ -178,4 +206,18 @@ __device__ __forceinline__ void amk_prefetch_instr(const AmkInstr* in, int64_t c
     const int64_t bytes = (int64_t)__ldg((const long long*)&in->prefetch_bytes[k]);
     amk_prefetch_range(ptr, bytes < cap / nr ? bytes : cap / nr);
   }
+}
+
+
+// Every thread of the block, once per joined op, before its first input read (see AMK_JOIN_OPS above). false: the
+// block must stop (abort seen, or the wait timed out and was reported). Without a deferred wait: returns at once.
+__device__ __forceinline__ bool amk_join(const AmkCtx& c) {
+  if (!AMK_JOIN_OPS || amk_s_join != 1) return true;
+  if (amk_tid() == 0) {
+    *c.flag = amk_wait_all(*c.p, *c.ins, amk_s_join_next, c.sm);
+    if (c.p->trace) c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 1] = amk_globaltimer();
+  }
+  __syncthreads();  // every thread has read amk_s_join (above) and sees the inputs thread 0 acquired
+  if (amk_tid() == 0) amk_s_join = 2;  // read again only after the task loop's next barrier
+  return *c.flag == 0;
 }
