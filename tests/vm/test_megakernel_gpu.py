@@ -210,6 +210,52 @@ def test_timeout_names_task_and_counter_then_valid_launch():
     assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5
 
 
+def _never_done(prog, k: int) -> set[int]:
+    """Task ids that cannot finish once task k never does: k, every later task of a queue holding one of them, and
+    every task waiting on a counter one of them signals (each wait's threshold counts all its producers)."""
+    by_sm: dict[int, list] = {}
+    for t in prog.tasks:
+        by_sm.setdefault(t.sm, []).append(t)
+    stuck, grew = {prog.tasks[k].id}, True
+    while grew:
+        grew = False
+        dead = {t.out_counter for t in prog.tasks if t.id in stuck and t.out_counter >= 0}
+        for q in by_sm.values():
+            hit = False
+            for t in q:
+                hit = hit or t.id in stuck or any(w.counter in dead for w in t.waits)
+                if hit and t.id not in stuck:
+                    stuck.add(t.id)
+                    grew = True
+    return stuck
+
+
+@pytest.mark.parametrize("name,dtype,op", [("llama-untied", "f32", "ATTN_PARTIAL"), ("wide", "bf16", "ATTN_PARTIAL"),
+                                           ("llama-untied", "f32", "ATTN_MERGE")])
+def test_joined_wait_times_out_then_valid_launch(name, dtype, op):
+    """Attention and merge tasks wait inside their op (AMK_JOIN_OPS, vm/csrc/sync.cuh): one whose counter never
+    arrives still ends the launch with a TIMEOUT (the generic f32 body and the bf16 tensor-core body), naming a task
+    that cannot finish and one of its counters, and the next launch is correct."""
+    from vm.loader import MegakernelVM
+    g, prog, _ = make(name, dtype, "split", max_seq=16)   # wide: head_dim 128, the tensor-core body
+    bad = copy.deepcopy(prog)
+    k = next(i for i, t in enumerate(bad.tasks) if t.op == op)
+    bad.tasks[k].waits[0].threshold += 1                 # never satisfied
+    stuck = _never_done(bad, k)
+    vm = MegakernelVM(bad, g.weights, check=False, timeout_s=0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"timeout") as ei:
+        vm.step(5, 0)
+    assert time.perf_counter() - t0 < 3.0
+    msg = str(ei.value)
+    named = [t for t in bad.tasks if f"task {t.id} " in msg + " " and t.id in stuck]
+    assert named and any(f"counter {w.counter} (" in msg for w in named[0].waits), msg
+    thr = vm.instrs_np[k]["wait_threshold"].copy()
+    thr[0] -= 1
+    vm.patch_instr(k, wait_threshold=thr)
+    compare(vm, ReferenceVM(prog, g.weights), [(5, 0), (7, 1)], 1e-5 if dtype == "f32" else 2e-2)
+
+
 def test_bad_token_and_position_are_reported():
     g, prog, vm = make("llama-untied", "f32", "default", max_seq=16)
     with pytest.raises(RuntimeError, match=r"token id 100000"):
