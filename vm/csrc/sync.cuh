@@ -208,14 +208,14 @@ __device__ __forceinline__ void amk_prefetch_instr(const AmkInstr* in, int64_t c
   }
 }
 
-
 // Every thread of the block, once per joined op, before its first input read (see AMK_JOIN_OPS above). false: the
 // block must stop (abort seen, or the wait timed out and was reported). Without a deferred wait: returns at once.
 __device__ __forceinline__ bool amk_join(const AmkCtx& c) {
   if (!AMK_JOIN_OPS || amk_s_join != 1) return true;
   if (amk_tid() == 0) {
     *c.flag = amk_wait_all(*c.p, *c.ins, amk_s_join_next, c.sm);
-    if (c.p->trace) c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 1] = amk_globaltimer();
+    if (c.p->trace)  // "waits met" (the task loop stamped its check)
+      c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 1] = amk_globaltimer();
   }
   __syncthreads();  // every thread has read amk_s_join (above) and sees the inputs thread 0 acquired
   if (amk_tid() == 0) amk_s_join = 2;  // read again only after the task loop's next barrier
