@@ -328,13 +328,9 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
     return;
   }
 #endif
-  if (amk_stream_geom(*c.ins, g)) {
-    if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // the ring's rows are consumed from here
-    amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
-  } else {
-    if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // every register path's rows (the short rows' too) start loading here
-    amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
-  }
+  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);  // the ring's rows are consumed / every register path's rows load from here
+  if (amk_stream_geom(*c.ins, g)) amk_gemv_streamed<T, NM>(c, g, K, xs, stash, epi);
+  else amk_gemv_tile<T, NM>(c, W, K, rn, xs, AmkSrcGlobal{amk_policy_evict_first()}, epi);
   if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
 }
 

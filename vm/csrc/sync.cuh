@@ -106,14 +106,15 @@ __device__ __noinline__ int64_t amk_wait_pf(const AmkParams& p, const AmkInstr& 
 #ifndef AMK_DBG_NOWAIT_OPS
 #define AMK_DBG_NOWAIT_OPS 0
 #endif
-// Joined waits (AMK_JOIN_OPS: opcodes, bit 1 << AMK_OP_...). The task loop's wait of such a task checks its
-// counters once (one round trip, while the other warps prepare the task as usual); if they are met the op runs as
-// any other, else the wait is deferred to the op: it runs its input-independent setup first and waits at its first
-// read of an input (amk_join) -- so on the dependency chain the op's setup (dispatch, noinline calls, ranges,
-// geometry: ~2 us for an attention split, docs/PERF.md) overlaps the wait instead of following it, while a task
-// whose inputs are already there reaches its op as before (the thirtieth session's design A ran the setup before
-// every first poll and delayed those by ~1.5 us). Contract: every path of a joined op either calls amk_join exactly
-// once, before it reads anything a producer writes, or fails (amk_fail: the block stops, nothing is signalled).
+// Joined waits (AMK_JOIN_OPS: opcodes, bit 1 << AMK_OP_...). The task loop's wait of such a task takes its first
+// look at its counters as any wait does (one round trip, while the other warps prepare the task as usual); if they
+// are met the op runs as any other, else the wait is deferred to the op at the first unmet counter: the op runs
+// its input-independent setup first and waits at its first read of an input (amk_join) -- so on the dependency
+// chain the op's setup (dispatch, noinline calls, ranges, geometry: ~2 us for an attention split, docs/PERF.md)
+// overlaps the wait instead of following it, while a task whose inputs are already there reaches its op as before
+// (the thirtieth session's design A ran the setup before every first poll and delayed those by ~1.5 us). Contract:
+// every path of a joined op either calls amk_join exactly once, before it reads anything a producer writes, or
+// fails (amk_fail: the block stops, nothing is signalled).
 // State: amk_s_join = 1 while a deferred wait is pending; amk_s_join_next = the next task's queue slot (prefetch).
 #ifndef AMK_JOIN_OPS
 #define AMK_JOIN_OPS ((1 << AMK_OP_ATTN_DECODE) | (1 << AMK_OP_ATTN_PARTIAL) | (1 << AMK_OP_ATTN_MERGE))
@@ -129,17 +130,8 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
   if (AMK_DBG_NOWAIT || ((AMK_DBG_NOWAIT_OPS >> (in.op & 31)) & 1)) return aborted;
   if (!AMK_WAIT_OVERLAP && aborted) return 1;
   const int nw = in.n_waits < AMK_MAX_WAITS ? in.n_waits : AMK_MAX_WAITS;
-  if (AMK_JOIN_OPS && may_join) {
-    amk_s_join = 0;
-    if ((AMK_JOIN_OPS >> (in.op & 31)) & 1) {
-      int met = 1;
-      for (int w = 0; w < nw; ++w) met &= amk_ld_acquire(p.counters + in.wait_counter[w]) >= in.wait_threshold[w];
-      if (aborted || met) return aborted;
-      amk_s_join = 1;  // the op waits (amk_join)
-      amk_s_join_next = next_item;
-      return 0;
-    }
-  }
+  const bool defer = AMK_JOIN_OPS && may_join && ((AMK_JOIN_OPS >> (in.op & 31)) & 1);
+  if (AMK_JOIN_OPS && may_join) amk_s_join = 0;
   int64_t pf_done = 0;  // bytes of the prefetch ranges requested so far (INT64_MAX: all)
   const int64_t pace = p.wait_prefetch_pace_bytes;
   for (int w = 0; w < nw; ++w) {
@@ -148,6 +140,11 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     const int v = amk_ld_acquire(ctr);
     if (aborted) return 1;
     if (v >= thr) continue;
+    if (defer) {  // the op waits (amk_join), after its setup
+      amk_s_join = 1;
+      amk_s_join_next = next_item;
+      return 0;
+    }
     const uint64_t t0 = amk_globaltimer();
     unsigned ns = AMK_POLL_NS_MIN;
     for (;;) {
