@@ -2,7 +2,9 @@
 
     python scripts/hop_anatomy.py raw_llama-3.2-1b_512_base.npz [--layers 2:14]
 
-Prints, averaged over the traced steps and the middle layers (us, relative to the layer's first QKV start):
+Prints the step's outline (embedding, every layer's span, the LM head's window, the argmax, the end; medians over
+the traced steps), then, averaged over the traced steps and the middle layers (us, relative to the layer's first
+QKV start):
   * per family: execution start (first / median / last), done (first / median / last), median execution and wait;
   * per family with marks (``--marks`` traces): entry / stage / main loop / closing barrier / signal segments;
   * the signal lag of every hop: a waiting task's "waits met" stamp minus the last producer's "done" stamp;
@@ -162,6 +164,42 @@ def profile(d, fam, lay, layer: int, dt: float = 0.5) -> list[str]:
     return out
 
 
+def step_outline(d, fam, lay) -> list[str]:
+    """The whole step, median over the traced steps (us from the step's first task entry): when the embedding is
+    done, every layer's span (first q "waits met" to the next layer's; the last layer's ends at the LM head's first
+    "waits met"), the LM head's window and its waves, the argmax, and the last task's end -- what the step spends
+    outside the layers' steady state."""
+    t0, t1, t2 = d["t0"] / 1e3, d["t1"] / 1e3, d["t2"] / 1e3
+    n_layers = int(lay.max()) + 1 if (lay >= 0).any() else 0
+    if n_layers == 0 or not (fam == "lm_head").any():
+        return ["(no layers or no LM head in this trace)"]
+    rows = []
+    for s in range(t0.shape[0]):
+        o = t0[s].min()
+        starts = [layer_start(t1[s], fam, lay, L) for L in range(n_layers)]
+        if any(x is None for x in starts):
+            return ["(a layer without q tasks: no step outline)"]
+        lm = fam == "lm_head"
+        ends = starts[1:] + [t1[s][lm].min()]
+        emb = t2[s][fam == "embed"].max() - o if (fam == "embed").any() else np.nan
+        am = t2[s][fam == "argmax"].max() - o if (fam == "argmax").any() else np.nan
+        rows.append([emb, starts[0] - o] + [e - b for b, e in zip(starts, ends)] +
+                    [t1[s][lm].min() - o, np.median(t2[s][lm] - t1[s][lm]), t2[s][lm].max() - o, am, t2[s].max() - o])
+    a = np.median(np.array(rows), axis=0)
+    spans = a[2:2 + n_layers]
+    mid = spans[1:-1] if n_layers > 2 else spans
+    lm0, lm_exec, lm1, am, end = a[2 + n_layers:]
+    out = [f"step outline (us from the first task entry, median of {len(rows)} steps)",
+           f"  embed done {a[0]:.2f}, layer 0 starts {a[1]:.2f}",
+           "  layer spans: " + " ".join(f"{x:.1f}" for x in spans),
+           f"  layers: {spans.sum():.1f} in all; first {spans[0]:.2f}, last (to the LM head) {spans[-1]:.2f}, "
+           f"the others {np.mean(mid):.2f} each",
+           f"  LM head: first waits met {lm0:.2f}, median task exec {lm_exec:.2f}, last done {lm1:.2f} "
+           f"(window {lm1 - lm0:.2f})",
+           f"  argmax done {am:.2f}, last task done {end:.2f}; after the LM head {end - lm1:.2f}"]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("npz")
@@ -172,8 +210,8 @@ def main():
     fam, lay = families(d["label"])
     lo, hi = (int(x) for x in a.layers.split(":"))
     layers = [L for L in range(lo, hi) if layer_start(d["t1"][0], fam, lay, L) is not None]
-    for block in (phases(d, fam, lay, layers), segments(d, fam), lags(d, fam), chain(d, fam, lay, layers),
-                  profile(d, fam, lay, a.profile_layer)):
+    for block in (step_outline(d, fam, lay), phases(d, fam, lay, layers), segments(d, fam), lags(d, fam),
+                  chain(d, fam, lay, layers), profile(d, fam, lay, a.profile_layer)):
         print("\n".join(block), end="\n\n")
 
 

@@ -58,3 +58,40 @@ def test_chain_without_merge_tasks_reports_no_merge():
     lines = hop_anatomy.chain(d, fam, lay, [3])
     assert len(lines) == 3 and not any("merge exec" in ln for ln in lines)
     assert lines[2] == "  last attention done 12.20, last merge done - (no merge tasks), first o_proj waits met 14.00"
+
+
+def _step_trace():
+    """Two steps of a two-layer program (ns): step 1 is step 0 one us later, with layer 1 two us longer."""
+    labels = ["embed", "L0.q[0:1].p0", "L0.down[0:16]", "L1.q[0:1].p0", "L1.down[0:16]", "lm_head[0:10]",
+              "lm_head[10:20]", "argmax"]
+    t1 = [500, 3000, 20000, 62000, 100000, 121000, 121500, 211000]
+    t2 = [2000, 9000, 60000, 70000, 120000, 200000, 210000, 212000]
+    late = [0, 0, 0, 0, 2000, 2000, 2000, 2000]   # step 1: what follows layer 1's start, two us later
+    T1 = [t1, [t + 1000 + dl for t, dl in zip(t1, late)]]
+    T2 = [t2, [t + 1000 + dl for t, dl in zip(t2, late)]]
+    n = len(labels)
+    t0 = np.zeros((2, n), np.int64)
+    t0[1] += 1000
+    return {"t0": t0, "t1": np.array(T1, np.int64), "t2": np.array(T2, np.int64), "label": np.array(labels)}
+
+
+def test_step_outline_by_hand():
+    d = _step_trace()
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.step_outline(d, fam, lay)
+    # step 0 / 1 (us from each step's first entry): embed done 2.0 / 2.0, layer 0 at 3.0 / 3.0; layer 0 spans
+    # 62 - 3 = 59 both; layer 1 to the LM head's first waits met 121 - 62 = 59 / 123 - 62 = 61 -> median 60
+    assert lines[1] == "  embed done 2.00, layer 0 starts 3.00"
+    assert lines[2] == "  layer spans: 59.0 60.0"
+    assert lines[3] == "  layers: 119.0 in all; first 59.00, last (to the LM head) 60.00, the others 59.50 each"
+    # LM head: first met 121 / 123 -> 122; exec 79 and 88.5 in both steps -> 83.75; last done 210 / 212 -> 211
+    assert lines[4] == "  LM head: first waits met 122.00, median task exec 83.75, last done 211.00 (window 89.00)"
+    assert lines[5] == "  argmax done 213.00, last task done 213.00; after the LM head 2.00"
+
+
+def test_step_outline_needs_the_lm_head():
+    d = _step_trace()
+    keep = np.array(["lm_head" not in s for s in d["label"]])
+    d = {k: (v[:, keep] if v.ndim == 2 else v[keep]) for k, v in d.items()}
+    fam, lay = hop_anatomy.families(d["label"])
+    assert hop_anatomy.step_outline(d, fam, lay) == ["(no layers or no LM head in this trace)"]

@@ -129,6 +129,11 @@ __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, in
   return 1.0f / sqrtf(t / (float)K + eps);
 }
 
+// EMBED's vector path (build switch, default on): 16-byte loads of the row where the dtype, count and alignment
+// allow; 0 keeps the element loop only (same values: a bf16 / f16 element widens to fp32 exactly either way).
+#ifndef AMK_EMBED_VEC
+#define AMK_EMBED_VEC 1
+#endif
 __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int c0 = in.ip[AMK_EMBED_IP_COL_START], cn = in.ip[AMK_EMBED_IP_COL_COUNT];
@@ -142,6 +147,27 @@ __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {
   const int dt = amk_dtype(c, AMK_EMBED_IN_TABLE);
   float* x = (float*)amk_ptr(c, AMK_EMBED_N_REQUIRED_IN);  // output slot follows the inputs
   const int64_t row = (int64_t)tok * H + c0;
+  if (AMK_EMBED_VEC) {  // one 16-byte load per thread, all issued before any store: one round trip
+    bool vec = false;
+    if (!amk_dispatch_dtype(c, dt, [&](auto tag) {
+          using T = decltype(tag);
+          const char* src = (const char*)table + row * T::BYTES;
+          if (cn % T::VE != 0 || !amk_aligned16(src) || !amk_aligned16(x + c0)) return;
+          vec = true;
+          for (int i = amk_tid(); i < cn / T::VE; i += AMK_THREADS) {
+            float f[T::VE];
+            T::unpack(__ldg((const uint4*)src + i), f);
+            float4* o = (float4*)(x + c0) + i * (T::VE / 4);
+#pragma unroll
+            for (int q = 0; q < T::VE / 4; ++q) o[q] = make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]);
+          }
+        }))
+      return;  // (a weight dtype this build lacks: reported)
+    if (vec) return;
+  }
+  // Element by element: a thread's loads and stores alternate (the compiler cannot order the table's loads before
+  // the stores into x), so each element is a dependent round trip -- ~4.5 us for the 2048 cold elements of
+  // llama-3.2-1b on the critical path of every step (docs/PERF.md, thirty-fifth session).
   for (int i = amk_tid(); i < cn; i += AMK_THREADS) x[c0 + i] = amk_ldw(table, dt, row + i);
 }
 
