@@ -40,7 +40,7 @@ import dataclasses
 import heapq
 
 from schedule.ir import BufferKind, GpuTarget, MegakernelProgram
-from schedule.ops import accesses, weight_ranges
+from schedule.ops import accesses, is_dyn, weight_ranges
 from vm.abi import QKV_MODE_RAW
 
 GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE")
@@ -100,6 +100,10 @@ def task_bytes(program: MegakernelProgram, task, ctx: int) -> int:
         return 2 * attn_positions(task, ctx) * int(task.params["head_dim"]) * kv.dtype.nbytes
     if task.op == "EMBED":
         return int(task.params["col_count"]) * program.buffers[task.inputs[0]].dtype.nbytes
+    if is_dyn(task.params):   # a claim-group member: its even share of the group's weight rows
+        full = sum((a.hi - a.lo) * program.buffers[a.buffer].dtype.nbytes
+                   for a in accesses(task, lambda b: program.buffers[b].numel) if a.slot in ("w_gate", "w_up"))
+        return -(-full // int(task.params["dyn_tasks"]))
     return sum((a.hi - a.lo) * program.buffers[a.buffer].dtype.nbytes for a in _weights(program, task))
 
 

@@ -183,6 +183,12 @@ def qkv_reserve(cfg, n_kv: int, max_seq: int) -> int:
     return n_kv * min(splits, max_seq)
 
 
+def dyn_static_rows(n: int, n_sms: int, dr: int, pct: int) -> int:
+    """A claim-group member's own rows (knob dyn_mlp_static): pct % of an even share of the n rows over n_sms
+    members, rounded down to a multiple of 4 (at least dr); 0 % = one chunk of dr rows like the drawn ones."""
+    return max(dr, n // n_sms * pct // 100 // 4 * 4) if pct else dr
+
+
 def rows_for(knob: int, n: int, n_sms: int, warps: int) -> int:
     """Rows per tile of an n-row GEMV-family matrix: the knob's value, or auto_rows for 0."""
     return knob if knob > 0 else auto_rows(n, n_sms, warps)
@@ -395,9 +401,19 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                    {"row_start": r0, "row_count": rn, "out_n": H, **gp}, [cin2], c_next, f"L{l}.mlp[{r0}:{r0 + rn}]")
         return xnext, c_next
     h, c_h = b.act(f"h{l}", c.intermediate), b.counter(f"h{l}")
-    for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
-        b.task("GEMV_SILU_MUL", [xin2, wg, wu] + norm, [h], {"row_start": r0, "row_count": rn, **gp}, [cin2], c_h,
-               f"L{l}.gate_up[{r0}:{r0 + rn}]")
+    if cfg.dyn_mlp_rows:   # one claim group on every SM: its own rows to each member, the rest to who asks first
+        dr, S = cfg.dyn_mlp_rows, dyn_static_rows(c.intermediate, b.sms, cfg.dyn_mlp_rows, cfg.dyn_mlp_static)
+        n_mem = min(b.sms, -(-c.intermediate // S))
+        claim = b.counter(f"claim_gate_up{l}")
+        for j in range(n_mem):
+            b.task("GEMV_SILU_MUL", [xin2, wg, wu] + norm, [h],
+                   {"row_start": 0, "row_count": c.intermediate, **gp, "dyn_rows": dr, "dyn_index": j,
+                    "dyn_tasks": n_mem, "dyn_claim": claim, "dyn_static": S if S != dr else 0}, [cin2], c_h,
+                   f"L{l}.gate_up[dyn {j}/{n_mem}]")
+    else:
+        for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
+            b.task("GEMV_SILU_MUL", [xin2, wg, wu] + norm, [h], {"row_start": r0, "row_count": rn, **gp}, [cin2],
+                   c_h, f"L{l}.gate_up[{r0}:{r0 + rn}]")
     wd = b.weight(p + "mlp.down_proj.weight", (H, c.intermediate))
     _residual_gemv(b, cfg, h, wd, xmid, xnext, H, c.intermediate, c_h, c_next, f"L{l}.down")
     return xnext, c_next

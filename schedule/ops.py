@@ -11,6 +11,7 @@ The CPU semantics of each opcode live in ``vm/reference_vm.py``; the opcode tabl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from vm.abi import OPCODES, QKV_MODE_V
 
@@ -157,10 +158,48 @@ def qkv_rows(task) -> list[tuple[int, int]]:
     return [(a, a + pc), (a + hd // 2, a + hd // 2 + pc)]
 
 
+def is_dyn(p: dict) -> bool:
+    """A claim-group member (GEMV_SILU_MUL dyn_rows > 0, vm/abi.py)?"""
+    return int(p.get("dyn_rows", 0)) > 0
+
+
+def _dyn_geom(p: dict) -> tuple[int, int, int, int, int]:
+    """(row_start, row_count, dyn_rows, own rows per member S, members N) of a claim-group member."""
+    dr = int(p["dyn_rows"])
+    return int(p["row_start"]), int(p["row_count"]), dr, int(p.get("dyn_static", 0)) or dr, int(p["dyn_tasks"])
+
+
+def dyn_first_rows(p: dict) -> tuple[int, int]:
+    """(first row, rows) of a claim-group member's own rows [j*S, (j+1)*S), clipped (0 rows past the end)."""
+    r0, rn, _, S, _ = _dyn_geom(p)
+    a = min(int(p["dyn_index"]) * S, rn)
+    return r0 + a, min(S, rn - a)
+
+
+def dyn_tickets(p: dict) -> int:
+    """How many chunks of a claim group go to whoever draws their ticket first: the rows past the members' own."""
+    _, rn, dr, S, N = _dyn_geom(p)
+    return -(-max(0, rn - N * S) // dr)
+
+
+def dyn_ticket_rows(p: dict, t: int) -> tuple[int, int]:
+    """(first row, rows) of ticket t's chunk [N*S + t*dr, +dr), clipped."""
+    r0, rn, dr, S, N = _dyn_geom(p)
+    a = N * S + t * dr
+    return r0 + a, min(dr, rn - a)
+
+
 def weight_ranges(task, numel) -> list[Access]:
-    """The read accesses of WEIGHT-like slots (streamed, prefetchable)."""
-    return [a for a in accesses(task, numel)
-            if not a.write and a.slot in ("w", "w_gate", "w_up", "w_down", "table", "w_a", "w_b")]
+    """The read accesses of WEIGHT-like slots (streamed, prefetchable). A claim-group member's rows are known only
+    at run time: its weights here are those of its own first chunk (what it may prefetch while it waits)."""
+    out = [a for a in accesses(task, numel)
+           if not a.write and a.slot in ("w", "w_gate", "w_up", "w_down", "table", "w_a", "w_b")]
+    if is_dyn(task.params):
+        a0, an = dyn_first_rows(task.params)
+        K = _p(task, "k")
+        out = [Access(a.buffer, a0 * K, (a0 + an) * K, False, a.slot) if a.slot in ("w_gate", "w_up") else a
+               for a in out]
+    return out
 
 
 def estimate(task, numel, itemsize) -> tuple[int, int]:
@@ -172,6 +211,7 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     attn = task.op in ("ATTN_DECODE", "ATTN_PARTIAL")
     # positions an attention task reads at full context: all of its head's, or its split's share of them
     positions = -(-_p(task, "max_seq") // (_p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1)) if attn else 0
+    share = Fraction(1, max(1, int(task.params.get("dyn_tasks", 1)))) if is_dyn(task.params) else Fraction(1)
     byts = 0
     for a in accesses(task, numel):
         n = a.hi - a.lo
@@ -183,11 +223,13 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
             n = _p(task, "n_cand")                              # one logit per candidate
         elif a.slot == "x" and int(task.params.get("x_splits", 0)) > 0:
             n = _p(task, "k")   # merged attention partials: L2-resident like any activation, counted as the x they make
+        elif a.slot in ("w_gate", "w_up", "h") and share < 1:
+            n = -(-n * share.numerator // share.denominator)   # a claim-group member: its even share of the rows
         byts += n * itemsize(a.buffer)
     flops = 0
     if task.op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):
         m = 1 if task.op == "GEMV" else 2
-        flops = 2 * m * _p(task, "row_count") * _p(task, "k")
+        flops = int(2 * m * _p(task, "row_count") * _p(task, "k") * share)
         if task.op == "GEMV_SILU_MUL_DOWN":
             flops += 2 * _p(task, "row_count") * _p(task, "out_n")
     elif task.op == "QKV_ROPE":
@@ -197,4 +239,5 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     return byts, flops
 
 
-__all__ = ["Access", "accesses", "gemv_x_elems", "qkv_rows", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]
+__all__ = ["Access", "accesses", "is_dyn", "dyn_first_rows", "dyn_tickets", "dyn_ticket_rows", "gemv_x_elems",
+           "qkv_rows", "weight_ranges", "estimate", "slot_map", "QKV_MODE_V"]

@@ -19,6 +19,9 @@ blocks until ``c >= t``; a block runs its SM queue in order; all blocks are co-r
    a write, are HB-ordered (transitive closure); each element read is written earlier in the step by an
    HB-predecessor (scratch is NaN-poisoned; a KV read needs this step's append); every IO_OUTPUT element is written;
    no KV_CACHE element is written by two tasks in one step (the cache outlives the step: one write would be lost).
+   The members of a claim group (GEMV_SILU_MUL dyn_rows > 0: one computation whose rows the members split at run
+   time through a ticket counter) may write their common range unordered among themselves, and only that: they
+   must be identical but for dyn_index, cover indices 0..dyn_tasks-1, and no task may wait on or signal the claim.
    Races are judged with under-counted waits taken as ordering all producers (optimistic), so each one is certain.
 
 Speed (11k-task llama-3.2-1b: ~1.2 s on one idle core): a counter is a graph node (P producers + W waiters = P + W edges, not
@@ -34,6 +37,7 @@ import time
 from typing import Any
 
 from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, kahn_order
+from schedule.ops import is_dyn
 from schedule.validate_task import TaskChecks, _is_int
 
 RACE_KINDS = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.KV_CACHE)
@@ -167,6 +171,7 @@ class _Validator(TaskChecks):
                           waits=sum(len(t.waits) for t in p.tasks if isinstance(t, Task) and isinstance(t.waits, list)))
         if all(self.task_ok) and queues_ok:
             self._check_thresholds()
+            self._check_claim_groups()
             if self._check_graph():
                 # Races are judged with every wait on a signalled counter ordering all its producers first --
                 # optimistic for an under-counted wait (already an error), so each race reported is certain.
@@ -288,9 +293,49 @@ class _Validator(TaskChecks):
                 elif w.threshold < P:
                     self.err("threshold-low", f"{self.T(j)}: under-counted wait: {self.C(c)} >= {w.threshold} but it "
                                               f"has {P} producers: ordering not guaranteed")
+        claims = {int(t.params["dyn_claim"]) for t in p.tasks if is_dyn(t.params)}
         for c in range(len(p.counters)):
-            if not self.producers[c] and not self.waiters[c]:
+            if not self.producers[c] and not self.waiters[c] and c not in claims:
                 self.warnings.append(f"{self.C(c)} is never signalled nor waited on")
+
+    def _check_claim_groups(self) -> None:
+        """Claim groups (GEMV_SILU_MUL dyn_rows > 0, vm/abi.py): the members sharing a claim counter are one
+        computation split at run time, so they must be identical but for dyn_index (same inputs, outputs, waits,
+        out_counter, params), their indices exactly 0..dyn_tasks-1, and the claim counter a pure ticket: no task
+        waits on it or signals it. The race check then lets the members' writes of their common range overlap."""
+        p = self.p
+        groups: dict[int, list[int]] = {}
+        for i, t in enumerate(p.tasks):
+            if is_dyn(t.params):
+                groups.setdefault(int(t.params["dyn_claim"]), []).append(i)
+        self.claim_group: dict[int, int] = {}   # task -> its claim counter
+        for c, members in groups.items():
+            t0 = p.tasks[members[0]]
+            sig = lambda t: (t.op, list(t.inputs), list(t.outputs), [(w.counter, w.threshold) for w in t.waits],  # noqa: E731
+                             t.out_counter, {k: v for k, v in t.params.items() if k != "dyn_index"})
+            ok = True
+            for i in members[1:]:
+                if sig(p.tasks[i]) != sig(t0):
+                    self.err("claim-group", f"{self.T(i)} and {self.T(members[0])} share claim {self.C(c)} but differ "
+                                            f"in more than dyn_index (op, buffers, waits, out_counter or params): "
+                                            f"the members of a claim group must be one computation")
+                    ok = False
+            idx = sorted(int(p.tasks[i].params["dyn_index"]) for i in members)
+            n = int(t0.params["dyn_tasks"])
+            if idx != list(range(n)):
+                self.err("claim-group", f"claim {self.C(c)}: members have dyn_index {idx[:8]}{'...' if len(idx) > 8 else ''}"
+                                        f", expected each of 0..{n - 1} once (dyn_tasks {n}): chunks would be lost or "
+                                        f"computed twice")
+                ok = False
+            if self.producers[c] or self.waiters[c]:
+                who = (self.producers[c] or sorted(self.waiters[c]))[0]
+                self.err("claim-group", f"claim {self.C(c)} of {self.T(members[0])}'s group is also "
+                                        f"{'signalled' if self.producers[c] else 'waited on'} by {self.T(who)}: a "
+                                        f"claim counter only hands out tickets")
+                ok = False
+            if ok:
+                for i in members:
+                    self.claim_group[i] = c
 
     # -- 4. graph --------------------------------------------------------------------------------------------
     def _check_graph(self) -> bool:
@@ -384,6 +429,9 @@ class _Validator(TaskChecks):
         # writes; it conflicts with plain writes and reads, not with other accumulations (their order only moves
         # the rounding)
         per_task: list[list] = [[] for _ in range(n)]
+        gmask: dict[int, int] = {}   # claim counter -> its members' rank bits (their writes may overlap)
+        for i, c in getattr(self, "claim_group", {}).items():
+            gmask[c] = gmask.get(c, 0) | 1 << rank[i]
         self.wranges: dict[int, dict[int, list]] = {}    # buffer -> rank -> written ranges
         for b, accs in by_buf.items():
             groups: dict[tuple[int, int], list[int]] = {}    # (lo, hi) -> [writer, reader, accumulator mask]
@@ -404,7 +452,8 @@ class _Validator(TaskChecks):
                     y += 1
             for i, lo, hi, wr, ac in accs:
                 w, r, a = ov[(lo, hi)]
-                per_task[i].append((b, lo, hi, wr, ac, (w | r) if ac else (w | r | a) if wr else (w | a), w))
+                g = gmask.get(self.claim_group.get(i, -1), 0) if wr and not ac else 0   # fellow members' writes
+                per_task[i].append((b, lo, hi, wr, ac, (w | r) if ac else ((w & ~g) | r | a) if wr else (w | a), w))
                 if wr and self.kinds[b] == BufferKind.KV_CACHE and w & ~(1 << rank[i]):
                     o = task_order[((w & ~(1 << rank[i])) & -(w & ~(1 << rank[i]))).bit_length() - 1]
                     if o > i:   # report each pair once

@@ -16,7 +16,8 @@ MAX_PAIR_INDEX = 1 << 24   # GEMV has_argmax stores a row index as fp32: exact b
 MAX_PREFETCH_DELAY_NS = 100_000   # an L2_PREFETCH task's delay_ns (its SM sleeps without polling the abort flag)
 # iparams that may be omitted (packed as 0): the optional-input flags, the sliding window and scheduling hints.
 DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group", "x_head_dim", "x_start", "accumulate",
-                      "early_kv", "delay_ns", "argmax_slot"}
+                      "early_kv", "delay_ns", "argmax_slot", "dyn_rows", "dyn_index", "dyn_tasks", "dyn_claim",
+                      "dyn_static"}
                      | {flag for spec in OPCODES.values() for _, flag in spec.optional_inputs + spec.optional_outputs})
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
@@ -222,6 +223,18 @@ class TaskChecks:
                     need(P.get("argmax_slot", -1) >= 0, f"has_argmax needs argmax_slot >= 0, got {P.get('argmax_slot')}")
                     need(r0 + rn <= MAX_PAIR_INDEX, f"rows up to {r0 + rn}: a pair's index is exact in fp32 only "
                                                     f"below {MAX_PAIR_INDEX}")
+            if op == "GEMV_SILU_MUL":   # a claim-group member (vm/abi.py): its chunking and its ticket counter
+                dr, dj, dn, dc, ds = (int(P.get(k, 0)) for k in ("dyn_rows", "dyn_index", "dyn_tasks", "dyn_claim",
+                                                                  "dyn_static"))
+                if dr > 0:
+                    need(dn >= 1 and 0 <= dj < dn, f"dyn_index {dj} outside [0, dyn_tasks={dn})")
+                    need(ds >= 0 and dn * max(ds, dr) <= INT32_MAX, f"dyn_static {ds} must be >= 0 (and N*S an int32)")
+                    need(0 <= dc < len(self.p.counters), f"dyn_claim {dc} is not a counter id")
+                    need(self.kinds[s["h"]] == BufferKind.ACTIVATION and s["h"] not in t.inputs,
+                         "a claim group writes h: it must be an ACTIVATION buffer the task does not read")
+                else:
+                    need(dr == 0 and dj == 0 and dn == 0 and dc == 0 and ds == 0,
+                         f"dyn_rows {dr} must be >= 0 (dyn_index / dyn_tasks / dyn_claim / dyn_static only with it)")
             if op == "GEMV_SILU_MUL_DOWN":
                 on = P["out_n"]
                 need(on >= 1 and shape("w_down") == (on, rn),

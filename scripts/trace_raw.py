@@ -5,7 +5,7 @@
 For each variant (trace_breakdown.py's NAME=JSON syntax): lower, check against transformers (a wrong program is
 never traced; a variant named diag:NAME is a diagnostic build, traced without the gate and timed as a bound),
 time (CUDA events), then trace ``--steps`` consecutive steps at position ctx (MegakernelVM.trace_step) and write
-$OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm, marks [steps, tasks,
+$OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm (queue), smid (physical SM), marks [steps, tasks,
 4] (``--marks`` builds: op entry, input staged, main loop done, closing barrier; else -1), and the program's task
 table (label, op, queue position, first wait counter, out counter, est_bytes) for scripts/hop_anatomy.py, which
 takes the layers and their phase boundaries apart without the GPU.
@@ -72,7 +72,7 @@ def main():
         for s in range(a.steps):
             trs.append(vm.trace_step(7 + s, a.ctx))
         lat2 = time_vm(vm, g.config.vocab, a.ctx, a.iters, 3)["us"]
-        arrs = {k: np.stack([tr[k] for tr in trs]) for k in ("t0", "t1", "t2", "sm", "marks")}
+        arrs = {k: np.stack([tr[k] for tr in trs]) for k in ("t0", "t1", "t2", "sm", "smid", "marks")}
         np.savez_compressed(out_dir / f"raw_{a.model}_{a.ctx}_{name.replace(':', '-')}.npz", **arrs, **task_table(prog))
         kind = "bound_us" if diag else "latency_us"
         print(json.dumps({"variant": name, kind: round(lat, 1), kind + "_after": round(lat2, 1),

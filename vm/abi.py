@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -108,8 +108,16 @@ _OPS = [
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("residual", "has_residual")),
            (("y_copy", "has_copy"), ("pairs", "has_argmax"))),
     # h[r] = silu(Wg[r,:] . f(x)) * (Wu[r,:] . f(x))
+    # dyn_rows > 0: one member (dyn_index j of dyn_tasks N) of a claim group that computes the rows [row_start,
+    # row_start+row_count) together (relative rows below): member j first computes its own rows [j*S, (j+1)*S)
+    # (S = dyn_static, or dyn_rows where 0), then for each ticket t it draws from the counter dyn_claim (an atomic
+    # add; never waited on or signalled by any task) the chunk [N*S + t*dr, +dr) (dr = dyn_rows), until the chunks
+    # run out; all ranges clipped to the row count. Every row is computed exactly once, by whichever member drew it,
+    # with the arithmetic of a static tile of its size: the result does not depend on the partition. Consumers wait
+    # for all members.
     OpSpec("GEMV_SILU_MUL", 4, "gemv", ("x", "w_gate", "w_up"), ("h",),
-           ("row_start", "row_count", "k", "n", "has_norm"), ("eps",), (("norm_w", "has_norm"),)),
+           ("row_start", "row_count", "k", "n", "has_norm", "dyn_rows", "dyn_index", "dyn_tasks", "dyn_claim",
+            "dyn_static"), ("eps",), (("norm_w", "has_norm"),)),
     # per-head projection tile + bias + QK-norm + RoPE; mode Q writes q[head], K/V append to cache[head, pos],
     # RAW writes the projected rows only (fp32, laid out like q) for QK_NORM_ROPE
     OpSpec("QKV_ROPE", 5, "gemv", ("x", "w", "pos", "inv_freq"), ("dst",),

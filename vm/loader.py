@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight
-from schedule.ops import accesses, weight_ranges
+from schedule.ops import accesses, is_dyn, weight_ranges
 from vm import abi
 from vm.smem import STREAM_OPS, _pad4, attn_keys, smem_floats
 
@@ -145,7 +145,7 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
             r["prefetch_ptr"][k] = buffer_ptr(a.buffer) + a.lo * es
             r["prefetch_bytes"][k] = (a.hi - a.lo) * es
         nmat = STREAM_OPS.get(t.op, 0)
-        if not (nmat and ranges):
+        if not (nmat and ranges) or is_dyn(t.params):   # (a claim-group member's rows are known at run time)
             continue
         row_bytes = int(t.params["k"]) * bufs[ranges[0].buffer].dtype.nbytes
         aligned = row_bytes % 16 == 0 and all(int(x) % 16 == 0 for x in r["prefetch_ptr"][:len(ranges)])
@@ -443,7 +443,8 @@ class MegakernelVM:
 
     def trace_step(self, token=None, pos=None) -> dict:
         """One checked step with per-task timestamps -> {"t0", "t1", "t2" (ns, relative to the first wait begin),
-        "sm", "marks"} numpy arrays indexed like program.tasks (t0: reached, t1: waits satisfied, t2: done; marks
+        "sm", "smid", "marks"} numpy arrays indexed like program.tasks (t0: reached, t1: waits satisfied, t2: done;
+        sm: the queue (block) that ran it, smid: the physical SM that block was on (%smid); marks
         [n_tasks, 4]: op entry, input staged, main loop done, closing barrier passed -- -1 where an op sets none)."""
         import torch
         words = int(self.build_info.get("trace_words", 4))
@@ -456,7 +457,8 @@ class MegakernelVM:
         a = tr.view(-1, words).cpu().numpy().astype(np.int64)
         base = a[:, 0][a[:, 0] > 0].min() if (a[:, 0] > 0).any() else 0
         marks = np.where(a[:, 4:] > 0, a[:, 4:] - base, -1)
-        return {"t0": a[:, 0] - base, "t1": a[:, 1] - base, "t2": a[:, 2] - base, "sm": a[:, 3], "marks": marks}
+        return {"t0": a[:, 0] - base, "t1": a[:, 1] - base, "t2": a[:, 2] - base, "sm": a[:, 3] & 0xFFFFFFFF,
+                "smid": a[:, 3] >> 32, "marks": marks}
 
     @staticmethod
     def _set(dst, value) -> None:

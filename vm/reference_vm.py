@@ -22,7 +22,7 @@ import random
 import torch
 
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, validate
-from schedule.ops import gemv_x_elems, slot_map
+from schedule.ops import dyn_first_rows, dyn_ticket_rows, dyn_tickets, gemv_x_elems, is_dyn, slot_map
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16,
@@ -97,19 +97,40 @@ def op_gemv(vm, t):
         vm.buf(s["pairs"])[2 * k:2 * k + 2] = torch.tensor([float(y[i]), float(r0 + i)])
 
 
-def _silu_mul(vm, t, s) -> torch.Tensor:
-    """silu(Wg[r0:r0+rn] . f(x)) * (Wu[r0:r0+rn] . f(x)), fp32 [rn]."""
-    r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
+def _silu_mul(vm, t, s, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """silu(Wg[r0:r0+rn] . f(x)) * (Wu[r0:r0+rn] . f(x)), fp32 [rn]; rows = (r0, rn), default the task's."""
+    r0, rn = rows or (int(t.params["row_start"]), int(t.params["row_count"]))
     x = _gemv_input(vm, t, s)
     g = vm.buf(s["w_gate"])[r0:r0 + rn].float() @ x
     u = vm.buf(s["w_up"])[r0:r0 + rn].float() @ x
     return torch.nn.functional.silu(g) * u
 
 
+def _claimed_rows(vm, t) -> list[tuple[int, int]]:
+    """The (first row, rows) ranges a claim-group member computes this step (abi.py, GEMV_SILU_MUL dyn_rows): its
+    own rows, then the chunks of the tickets it draws from the group's claim counter. The members run one after
+    another here, so the draws model any interleaving: each member draws a random number of the tickets left, the
+    group's last member all of them (the GPU's members draw until none is left; every partition computes the same
+    rows)."""
+    P, N = t.params, int(t.params["dyn_tasks"])
+    st = vm.claims.setdefault(int(P["dyn_claim"]), [0, 0])   # [tickets drawn, members run]
+    st[1] += 1
+    left = max(0, dyn_tickets(P) - st[0])
+    take = left if st[1] >= N else vm.rng.randint(0, left)
+    rows = [dyn_first_rows(P)] + [dyn_ticket_rows(P, st[0] + k) for k in range(take)]
+    st[0] += take
+    vm.claim_log.append((t.id, [r for r in rows if r[1] > 0]))
+    return [r for r in rows if r[1] > 0]
+
+
 def op_gemv_silu_mul(vm, t):
     s = slot_map(t)
     r0, rn = int(t.params["row_start"]), int(t.params["row_count"])
-    vm.buf(s["h"])[r0:r0 + rn] = _silu_mul(vm, t, s)
+    if not is_dyn(t.params):
+        vm.buf(s["h"])[r0:r0 + rn] = _silu_mul(vm, t, s)
+        return
+    for a, n in _claimed_rows(vm, t):
+        vm.buf(s["h"])[a:a + n] = _silu_mul(vm, t, s, (a, n))
 
 
 def op_gemv_silu_mul_down(vm, t):
@@ -374,6 +395,8 @@ class ReferenceVM:
         blocked: dict[int, list[tuple[int, int]]] = {}   # counter -> (threshold, SM) of heads waiting on it
         ready: list[int] = []
         self.trace = []
+        self.claims: dict[int, list[int]] = {}   # claim counter -> [tickets drawn, members run] (claim groups)
+        self.claim_log: list[tuple[int, list]] = []   # (member task id, its (first row, rows) ranges), in run order
 
         def admit(sm: int) -> None:
             if heads[sm] == len(prog.queues[sm]):

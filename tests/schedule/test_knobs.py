@@ -347,10 +347,32 @@ def _check_balance_tiles(p, v):
         assert max(sizes) - min(sizes) <= 1 and sum(sizes) == n * (len(tasks) // per_matrix)
 
 
+def _check_dyn_mlp_rows(p, v):
+    gu = [t for t in p.tasks if t.op == "GEMV_SILU_MUL"]
+    n_mem = min(H100.sm_count, _tiles(C.intermediate, v))
+    assert len(gu) == C.n_layers * n_mem                        # one claim group per layer, a member per SM
+    claims = {t.params["dyn_claim"] for t in gu}
+    assert len(claims) == C.n_layers                            # one ticket counter per group ...
+    assert all(t.out_counter not in claims and all(w.counter not in claims for w in t.waits) for t in p.tasks)
+    for c in claims:                                            # ... members 0..n-1 on distinct SMs, whole range each
+        m = [t for t in gu if t.params["dyn_claim"] == c]
+        assert sorted(t.params["dyn_index"] for t in m) == list(range(n_mem))
+        assert len({t.sm for t in m}) == n_mem
+        assert {(t.params["row_start"], t.params["row_count"], t.params["dyn_rows"]) for t in m} == {(0, C.intermediate, v)}
+
+
+def _check_dyn_mlp_static(p, v):
+    gu = [t for t in p.tasks if t.op == "GEMV_SILU_MUL"]
+    S = max(4, C.intermediate // 7 * v // 100 // 4 * 4)   # with dyn_mlp_rows 4 on 7 SMs (REQUIRES)
+    assert {t.params["dyn_static"] for t in gu} == ({0} if S == 4 else {S})
+    assert len(gu) == C.n_layers * min(7, _tiles(C.intermediate, S))
+
+
 # knobs that act only together with another one: both sides of the comparison carry these values
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64},
-            "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2}}
+            "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2},
+            "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
 WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B}
@@ -361,7 +383,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
               "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
               "mlp_prefetch_from": _check_mlp_prefetch_from,
-              "balance_tiles": _check_balance_tiles,
+              "balance_tiles": _check_balance_tiles, "dyn_mlp_rows": _check_dyn_mlp_rows,
+              "dyn_mlp_static": _check_dyn_mlp_static,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
               "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down}

@@ -83,3 +83,25 @@ def test_out_of_range_int_inputs_are_refused_before_launch():
         vm.step(2**32, 0)
     ref = ReferenceVM(prog, g.weights)
     assert rel_err(vm.step(4, 0), ref.step(4, 0)) <= 1e-5
+
+
+def test_trace_step_records_queue_and_physical_sm():
+    """trace_step: every task's record names the queue that ran it (the program's own assignment) and the physical
+    SM its block sat on; one block per SM, so within a step the queues sit on distinct SMs, each queue on one."""
+    g, prog, vm = make("llama-untied", "f32", "default", max_seq=32)
+    ref = ReferenceVM(prog, g.weights)
+    want = ref.step(5, 0)
+    tr = vm.trace_step(5, 0)
+    assert rel_err(vm.logits, want) <= 1e-5, "a traced step must compute the same step"
+    qsm = [t.sm for t in prog.tasks]
+    assert tr["sm"].tolist() == qsm
+    n_sm = torch.cuda.get_device_properties(vm.device).multi_processor_count
+    smid = tr["smid"]
+    assert smid.min() >= 0 and smid.max() < 4 * n_sm, f"implausible %smid values {smid.min()}..{smid.max()}"
+    per_queue = {}
+    for q, s in zip(qsm, smid.tolist()):
+        per_queue.setdefault(q, set()).add(s)
+    assert all(len(v) == 1 for v in per_queue.values()), "a block changed SM inside one launch"
+    phys = [next(iter(v)) for v in per_queue.values()]
+    assert len(set(phys)) == len(phys), "two queues' blocks shared one SM"
+    assert (tr["t2"] >= tr["t1"]).all() and (tr["t1"] >= tr["t0"]).all()

@@ -297,7 +297,9 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       if (p.trace) {
         uint64_t* t = p.trace + (size_t)idx * AMK_TRACE_WORDS;
         t[2] = amk_globaltimer();
-        t[3] = (uint64_t)sm;
+        unsigned smid;  // the physical SM (high word) next to the queue (low word): placement studies
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        t[3] = (uint64_t)sm | ((uint64_t)smid << 32);
       }
     }
   }

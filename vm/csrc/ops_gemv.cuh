@@ -492,13 +492,54 @@ __device__ __forceinline__ float amk_silu(float g) { return g / (1.0f + expf(-g)
 // h = silu(gate . x) * (up . x) from a gate/up row pair's sums a and the RMSNorm scale xr.
 __device__ __forceinline__ float amk_silu_mul(const float (&a)[2], float xr) { return amk_silu(a[0] * xr) * (a[1] * xr); }
 
+// A claim group's next chunk, broadcast to the block: two slots used in turn, so thread 0's next write cannot
+// overtake a thread still reading the last one (a barrier separates every two writes of one slot).
+__shared__ int amk_s_chunk[2];
+
+// Rows [r0, r0+rn) of the gate/up matrices, or for a claim-group member (dyn_rows > 0, vm/abi.py) the rows it
+// gets: its own [j*S, (j+1)*S), then the chunk [N*S + t*dr, +dr) of each ticket t drawn from the claim counter
+// until the chunks run out. Thread 0 draws the next ticket when a range starts and reads it when the range is done,
+// so the atomic's round trip overlaps the weight stream. A range is a static tile of its size: the same arithmetic
+// per row, whichever member computes it.
 template <class T>
 __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int r0, int rn, int K, const char* g0,
                                            const char* u0, float* h, float xr) {
-  const size_t off = (size_t)r0 * K * T::BYTES;
-  const char* W[2] = {g0 + off, u0 + off};
-  amk_gemv_rows<T, 2>(c, W, K, rn, xs, c.smem + amk_pad4(K),
-                      [&](int r, const float (&a)[2]) { h[r0 + r] = amk_silu_mul(a, xr); });
+  auto tile = [&](int a, int n) {
+    const size_t off = (size_t)a * K * T::BYTES;
+    const char* W[2] = {g0 + off, u0 + off};
+    amk_gemv_rows<T, 2>(c, W, K, n, xs, c.smem + amk_pad4(K),
+                        [&](int r, const float (&v)[2]) { h[a + r] = amk_silu_mul(v, xr); });
+  };
+  const AmkInstr& in = *c.ins;
+  const int dr = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_ROWS];
+  if (dr <= 0) {
+    tile(r0, rn);
+    return;
+  }
+  const int N = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_TASKS], claim = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_CLAIM];
+  const int S = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_STATIC] > 0 ? in.ip[AMK_GEMV_SILU_MUL_IP_DYN_STATIC] : dr;
+  if (claim < 0 || claim >= c.p->n_counters || N < 1) {
+    if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, claim);
+    return;
+  }
+  int* ctr = c.p->counters + claim;
+  const long long own_end = (long long)N * S;
+  const int n_tk = own_end < rn ? (int)((rn - own_end + dr - 1) / dr) : 0;   // chunks handed out by ticket
+  const long long j0 = (long long)in.ip[AMK_GEMV_SILU_MUL_IP_DYN_INDEX] * S;
+  int a = j0 < rn ? (int)j0 : rn;
+  int n = rn - a < S ? rn - a : S;
+  for (int it = 0;; ++it) {
+    int tk = 0;
+    if (amk_tid() == 0 && n_tk > 0) tk = atomicAdd(ctr, 1);  // the next ticket: in flight while this range streams
+    if (n > 0) tile(r0 + a, n);
+    if (n_tk == 0) break;
+    if (amk_tid() == 0) amk_s_chunk[it & 1] = tk;
+    __syncthreads();
+    tk = amk_s_chunk[it & 1];
+    if (tk >= n_tk) break;
+    a = (int)own_end + tk * dr;
+    n = rn - a < dr ? rn - a : dr;
+  }
 }
 
 __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
