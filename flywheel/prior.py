@@ -61,17 +61,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("lm_head_rows", int, 0, choices=(0, 16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task; 0 = auto: at most 512, the tile count rounded up to whole waves of "
              "SMs when there are more tiles than SMs (qwen3-0.6b: 396 tiles of 384 rows instead of 297 of 512)"),
-    Knob("dyn_mlp_rows", int, 0, choices=(0, 4, 8, 16, 32),
-         doc="gate/up as one claim group instead of static row tiles: a task on every SM, each computes its own "
-             "chunk of this many rows, then claims further chunks from a ticket counter until none is left, so SMs "
-             "that stream slower (on an H100, the 16 SMs of one GPC stream gate/up ~13% slower in every step: "
-             "docs/PERF.md, thirty-sixth session) take fewer rows and the phase no longer ends on them; 0 = static "
-             "tiles (mlp_rows). Not with fuse_down"),
+    Knob("dyn_mlp_rows", int, 0, choices=(0, 1, 4, 8, 16, 32),
+         doc="gate/up as one claim group instead of static row tiles: a task on every SM computes its own rows "
+             "(dyn_mlp_static), then draws tickets for chunks of this many rows until none is left, so SMs that "
+             "stream slower take fewer rows (in some processes the 16 SMs of one H100 GPC stream gate/up ~13% "
+             "slower in every step, docs/PERF.md thirty-sixth session); 1 = each warp draws its own one-row tickets "
+             "(no block barrier), larger = block-wide chunks, each ending in a barrier. 0 = static tiles (mlp_rows). "
+             "Not with fuse_down. Off by default: H100, llama-3.2-1b, in a process without the slow GPC, 1 with "
+             "dyn_mlp_static 100 measured equal (+0.2%), 90 +0.9%; block chunks 16 / 8 / 4 +1.0% / +4.9% / +20%"),
     Knob("dyn_mlp_static", int, 0, choices=(0, 50, 75, 85, 90, 100),
          doc="with dyn_mlp_rows: the rows each member computes as its own static tile before it draws tickets, in % "
-             "of an even share (rounded down to 4 rows); the rest go out in dyn_mlp_rows chunks to whoever draws "
-             "first. 0 = the own tile is one chunk too. A big own tile keeps the static loop's streaming for most rows "
-             "(every chunk ends in a block barrier) and leaves the tail to the SMs that finish first"),
+             "of an even share (rounded down to 4 rows; llama-3.2-1b: 100 = 60 of 62 rows); the rest go out by "
+             "ticket. 0 = the own tile is one chunk too"),
     Knob("balance_tiles", bool, False, choices=(False, True),
          doc="round the tile counts of o_proj, down, gate/up and the LM head up to a multiple of the SM count "
              "(tile sizes then differ by at most one row): no SM idles in the last wave of a phase"),

@@ -127,6 +127,9 @@ def find_weight(b: Buffer, weights: dict, error: type[Exception] = IRError):
 
 @dataclasses.dataclass
 class Counter:
+    """A monotonic int32, zero at the start of every step. Producers increment it once each (their out_counter);
+    waiters wait for thresholds. A claim counter (a GEMV_SILU_MUL claim group's dyn_claim) is the one other use: its
+    members draw tickets from it with atomic adds, and no task waits on it or signals it (validate.py)."""
     id: int
     name: str = ""
 

@@ -15,7 +15,9 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
                    [L2_PREFETCH per gate/up tile: mlp_prefetch_kb KB of the tile into L2 (its gate rows first,
                     or the heads of both matrices: mlp_prefetch_from), released by the layer input, the last QKV
                     group or attention (mlp_prefetch_at): HBM is mostly idle during the attention hops]
-                   GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused)
+                   GEMV_SILU_MUL gate/up tiles  -> h_l  (RMSNorm fused; with dyn_mlp_rows one claim group: a
+                                                   member per SM takes its own rows, then draws the rest by ticket
+                                                   from a claim counter nobody waits on)
                    GEMV down tiles + residual   -> x_{l+1}
                    (fuse_down: GEMV_SILU_MUL_DOWN tiles instead, each adding W_down[:, its rows] . h into x_{l+1},
                     which the o_proj tiles seed with xmid_l: no h buffer, no down hop)

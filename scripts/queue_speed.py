@@ -64,6 +64,12 @@ def physical_sms(d, fam, queues) -> dict[int, list[int]]:
 
 
 def report(d, gpcs: list[list[int]] | None, layers) -> list[str]:
+    with warnings.catch_warnings():   # nanmean over queues that run no task of a family
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _report(d, gpcs, layers)
+
+
+def _report(d, gpcs, layers) -> list[str]:
     fam, lay = families(d["label"])
     lines = []
     for f in FAMILIES:
@@ -101,7 +107,6 @@ def main():
     ap.add_argument("--gpcs", help="scripts/gpc_probe.cu's JSON output")
     ap.add_argument("--layers", default="2:14", help="layers to average, start:stop")
     a = ap.parse_args()
-    warnings.simplefilter("ignore", RuntimeWarning)   # nanmean over queues that run no task of a family
     d = dict(np.load(a.npz))
     gpcs = json.loads(pathlib.Path(a.gpcs).read_text())["gpcs"] if a.gpcs else None
     lo, hi = (int(x) for x in a.layers.split(":"))

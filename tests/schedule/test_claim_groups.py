@@ -65,7 +65,7 @@ def test_member_share_in_cost_and_prefetch_ranges():
 
 
 @pytest.mark.parametrize("family", ["llama-untied", "qwen3", "mistral-window"])
-@pytest.mark.parametrize("rows,sms,static", [(32, 7, 0), (4, 5, 0), (8, 132, 0), (4, 7, 75), (8, 5, 90)])
+@pytest.mark.parametrize("rows,sms,static", [(32, 7, 0), (4, 5, 0), (8, 132, 0), (4, 7, 75), (8, 5, 90), (1, 5, 75)])
 def test_random_partitions_match_transformers(family, rows, sms, static):
     g, p = _prog(rows, sms, family, static)
     toks = torch.randint(0, g.config.vocab, (6,), generator=torch.Generator().manual_seed(rows)).tolist()

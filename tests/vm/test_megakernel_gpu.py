@@ -544,7 +544,11 @@ def test_argmax_in_lm_head_matches_the_split_argmax(name, dtype):
     ("qwen3", "bf16", {"dyn_mlp_rows": 16, "num_sms": 3}),
     ("odd", "f32", {"dyn_mlp_rows": 8}),                      # K = 90: the scalar path inside every chunk
     ("llama-untied", "f32", {"dyn_mlp_rows": 4, "dyn_mlp_static": 75}),   # own 16-row tiles, then 4-row tickets
-    ("wide", "bf16", {"dyn_mlp_rows": 8, "dyn_mlp_static": 90, "num_sms": 16})])
+    ("wide", "bf16", {"dyn_mlp_rows": 8, "dyn_mlp_static": 90, "num_sms": 16}),
+    # one-row tickets drawn per warp: own tiles of 32 rows (+16 by ticket) / 112 rows (+256 by ticket)
+    ("llama-untied", "f32", {"dyn_mlp_rows": 1, "dyn_mlp_static": 100, "num_sms": 5}),
+    ("wide", "bf16", {"dyn_mlp_rows": 1, "dyn_mlp_static": 90, "num_sms": 16}),
+    ("odd", "f32", {"dyn_mlp_rows": 1, "dyn_mlp_static": 75, "num_sms": 2})])
 def test_claim_groups_match_reference_and_rerun_bit_identical(name, dtype, cfg):
     """dyn_mlp_rows: gate/up as claim groups whose members split the rows at run time (atomic tickets). The
     logits match the ReferenceVM (any partition computes the same rows) and the static tiles' program, consecutive

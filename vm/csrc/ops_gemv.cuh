@@ -495,6 +495,49 @@ __device__ __forceinline__ float amk_silu_mul(const float (&a)[2], float xr) { r
 // A claim group's next chunk, broadcast to the block: two slots used in turn, so thread 0's next write cannot
 // overtake a thread still reading the last one (a barrier separates every two writes of one slot).
 __shared__ int amk_s_chunk[2];
+// Per-warp claims (dyn_rows 1): set once a warp of this block drew a ticket past the end, so its other warps stop
+// drawing (a hint: a warp that still draws only gets a ticket past the end too). Cleared before x is staged.
+__shared__ volatile int amk_s_drained;
+
+// A claim-group member with one-row tickets and an own tile of at least one row per warp: each warp streams its own
+// rows as the static tile loop does (rows a0 + warp, +NWARPS, ...) and, from its last own row on, draws one ticket
+// per row itself (lane 0's atomic is issued before the row it is working on and read after it), so no warp waits
+// for a block barrier between its own rows and the drawn ones and the SM keeps its loads in flight to the end.
+// Per row the arithmetic of the static tile loop (one warp per row, amk_dot + warp sums).
+template <class T>
+__device__ __forceinline__ void amk_silu_warp_claims(const AmkCtx& c, const float* xs, int r0, int K, const char* g0,
+                                                     const char* u0, float* h, float xr, int a0, int n0,
+                                                     int own_end, int n_tk, int* ctr) {
+  const int warp = amk_warp(), lane = amk_lane();
+  const size_t rs = (size_t)K * T::BYTES;
+  const float* xsm = amk_in_smem(xs);
+  const AmkSrcGlobal src{amk_policy_evict_first()};
+  if (AMK_DBG_SETUP_MARK) amk_mark(c, 2);
+  int r = warp < n0 ? a0 + warp : -1;   // this warp's current row (relative to r0), -1: none yet
+  while (true) {
+    int nxt = (r >= 0 && r < a0 + n0 && r + AMK_NWARPS < a0 + n0) ? r + AMK_NWARPS : -1;
+    const bool draw = nxt < 0 && !amk_s_drained;
+    int tk = 0;
+    if (draw && lane == 0) tk = atomicAdd(ctr, 1);  // read after the row below: its round trip overlaps the row
+    if (r >= 0) {
+      const char* rows[2] = {g0 + (size_t)(r0 + r) * rs, u0 + (size_t)(r0 + r) * rs};
+      const bool vec = (K % T::VE) == 0 && amk_aligned16(rows[0]) && amk_aligned16(rows[1]);
+      float acc[2] = {0.f, 0.f};
+      amk_dot<T, 2, AMK_U2>(rows, xsm, K, vec, lane, 32, src, acc);
+      acc[0] = amk_warp_sum(acc[0]);
+      acc[1] = amk_warp_sum(acc[1]);
+      if (lane == 0) h[r0 + r] = amk_silu_mul(acc, xr);
+    }
+    if (draw) {
+      tk = __shfl_sync(0xffffffffu, tk, 0);
+      if (tk < n_tk) nxt = own_end + tk;
+      else if (lane == 0) amk_s_drained = 1;
+    }
+    if (nxt < 0) break;
+    r = nxt;
+  }
+  if (!AMK_DBG_SETUP_MARK) amk_mark(c, 2);
+}
 
 // Rows [r0, r0+rn) of the gate/up matrices, or for a claim-group member (dyn_rows > 0, vm/abi.py) the rows it
 // gets: its own [j*S, (j+1)*S), then the chunk [N*S + t*dr, +dr) of each ticket t drawn from the claim counter
@@ -528,6 +571,10 @@ __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int
   const long long j0 = (long long)in.ip[AMK_GEMV_SILU_MUL_IP_DYN_INDEX] * S;
   int a = j0 < rn ? (int)j0 : rn;
   int n = rn - a < S ? rn - a : S;
+  if (dr == 1 && S >= AMK_NWARPS) {   // one-row tickets drawn by each warp: no block barrier between ranges
+    amk_silu_warp_claims<T>(c, xs, r0, K, g0, u0, h, xr, a, n, (int)own_end, n_tk, ctr);
+    return;
+  }
   for (int it = 0;; ++it) {
     int tk = 0;
     if (amk_tid() == 0 && n_tk > 0) tk = atomicAdd(ctr, 1);  // the next ticket: in flight while this range streams
@@ -551,6 +598,7 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   if (has_norm) ++s;  // the norm weight's slot: staged into c.nw before the wait (amk_prep_norm)
   const int s_h = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
+  if (amk_tid() == 0) amk_s_drained = 0;  // (claim groups; the staging below ends with a barrier)
   const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs,
                                has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS],
                                amk_x_split(c, AMK_GEMV_SILU_MUL_IN_W_GATE, K));
