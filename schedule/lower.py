@@ -410,7 +410,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         for j in range(n_mem):
             b.task("GEMV_SILU_MUL", [xin2, wg, wu] + norm, [h],
                    {"row_start": 0, "row_count": c.intermediate, **gp, "dyn_rows": dr, "dyn_index": j,
-                    "dyn_tasks": n_mem, "dyn_claim": claim, "dyn_static": S if S != dr else 0}, [cin2], c_h,
+                    "dyn_tasks": n_mem, "dyn_claim": claim, "dyn_static": S}, [cin2], c_h,
                    f"L{l}.gate_up[dyn {j}/{n_mem}]")
     else:
         for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):

@@ -11,7 +11,6 @@ The CPU semantics of each opcode live in ``vm/reference_vm.py``; the opcode tabl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 from vm.abi import OPCODES, QKV_MODE_V
 
@@ -211,7 +210,7 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
     attn = task.op in ("ATTN_DECODE", "ATTN_PARTIAL")
     # positions an attention task reads at full context: all of its head's, or its split's share of them
     positions = -(-_p(task, "max_seq") // (_p(task, "n_splits") if task.op == "ATTN_PARTIAL" else 1)) if attn else 0
-    share = Fraction(1, max(1, int(task.params.get("dyn_tasks", 1)))) if is_dyn(task.params) else Fraction(1)
+    members = max(1, int(task.params["dyn_tasks"])) if is_dyn(task.params) else 1   # a claim group: an even share
     byts = 0
     for a in accesses(task, numel):
         n = a.hi - a.lo
@@ -223,13 +222,13 @@ def estimate(task, numel, itemsize) -> tuple[int, int]:
             n = _p(task, "n_cand")                              # one logit per candidate
         elif a.slot == "x" and int(task.params.get("x_splits", 0)) > 0:
             n = _p(task, "k")   # merged attention partials: L2-resident like any activation, counted as the x they make
-        elif a.slot in ("w_gate", "w_up", "h") and share < 1:
-            n = -(-n * share.numerator // share.denominator)   # a claim-group member: its even share of the rows
+        elif a.slot in ("w_gate", "w_up", "h"):
+            n = -(-n // members)
         byts += n * itemsize(a.buffer)
     flops = 0
     if task.op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):
         m = 1 if task.op == "GEMV" else 2
-        flops = int(2 * m * _p(task, "row_count") * _p(task, "k") * share)
+        flops = 2 * m * _p(task, "row_count") * _p(task, "k") // members
         if task.op == "GEMV_SILU_MUL_DOWN":
             flops += 2 * _p(task, "row_count") * _p(task, "out_n")
     elif task.op == "QKV_ROPE":

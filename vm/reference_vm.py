@@ -117,10 +117,10 @@ def _claimed_rows(vm, t) -> list[tuple[int, int]]:
     st[1] += 1
     left = max(0, dyn_tickets(P) - st[0])
     take = left if st[1] >= N else vm.rng.randint(0, left)
-    rows = [dyn_first_rows(P)] + [dyn_ticket_rows(P, st[0] + k) for k in range(take)]
+    rows = [r for r in [dyn_first_rows(P)] + [dyn_ticket_rows(P, st[0] + k) for k in range(take)] if r[1] > 0]
     st[0] += take
-    vm.claim_log.append((t.id, [r for r in rows if r[1] > 0]))
-    return [r for r in rows if r[1] > 0]
+    vm.claim_log.append((t.id, rows))
+    return rows
 
 
 def op_gemv_silu_mul(vm, t):

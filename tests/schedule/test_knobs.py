@@ -364,7 +364,7 @@ def _check_dyn_mlp_rows(p, v):
 def _check_dyn_mlp_static(p, v):
     gu = [t for t in p.tasks if t.op == "GEMV_SILU_MUL"]
     S = max(4, C.intermediate // 7 * v // 100 // 4 * 4)   # with dyn_mlp_rows 4 on 7 SMs (REQUIRES)
-    assert {t.params["dyn_static"] for t in gu} == ({0} if S == 4 else {S})
+    assert {t.params["dyn_static"] for t in gu} == {S}
     assert len(gu) == C.n_layers * min(7, _tiles(C.intermediate, S))
 
 
