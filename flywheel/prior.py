@@ -124,13 +124,19 @@ KNOBS: tuple[Knob, ...] = (
              "before its wait, 'lpt' = balance bytes greedily, 'round_robin' = task i on SM i mod n; 'auto' = "
              "'list_idle' where a layer's attention tasks fit those idle SMs (llama presets at ctx <= 2048, with "
              "attn_splits auto = 4), else 'list'"),
-    Knob("early_kv", str, "auto", choices=("auto", "on", "off"),
+    Knob("early_kv", str, "auto", choices=("auto", "on", "off", "ahead"),
          doc="the early_kv hint of attention tasks (the kernel then issues the KV history rows of their first tiles "
              "before their wait): 'on' = every attention task, 'off' = none, 'auto' = a layer's attention tasks when "
              "the list policies estimate that every one of them idles on its SM at least as long as its KV takes to "
              "stream (what the idle placement of sm_assignment gives; right behind a QKV task the copies measured "
              "1.4% slower, docs/PERF.md, thirteenth session); at ctx 8192 / 32768, where auto hints none, 'on' "
-             "measured -0.2..-1.1% on llama presets but +0.9% on qwen3-0.6b at 8192 (twenty-fifth session)"),
+             "measured -0.2..-1.1% on llama presets but +0.9% on qwen3-0.6b at 8192 (twenty-fifth session); "
+             "'ahead' = every attention task queued right behind a weight tile (QKV, GEMV without merged "
+             "partials, gate/up) gets its KV history issued by that task, at its start (into a stage region at the "
+             "top of shared memory that no other op uses), the others as 'auto'; 'auto' also does this for the "
+             "attention tasks the idle estimate leaves unhinted, where the model has no QK-norm hop (H100: "
+             "llama-3.2-1b ctx 8192 / 32768 -0.7% / -1.9%, llama-3.2-3b ctx 8192 -1.5%, qwen3-0.6b ctx 8192 / "
+             "32768 +0.8% / 0.0%; over the hint 1 at ctx 512 +0.7%; thirty-seventh session)"),
     Knob("split_argmax", bool, True, choices=(True, False),
          doc="the next token's argmax in two steps: one ARGMAX_PARTIAL per LM-head tile (right after it) and one "
              "ARGMAX_MERGE over the tiles' winners, instead of one ARGMAX task reading the whole vocabulary on one "

@@ -39,7 +39,7 @@ from flywheel.prior import KNOB_BY_NAME
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait)
-from schedule.ops import estimate
+from schedule.ops import estimate, kv_ahead_issuer_ok
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, merged_x_floats
 
@@ -477,11 +477,24 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints:
     else:
         raise IRError(f"sm_assignment: unknown policy {policy!r} (choices: {KNOB_BY_NAME['sm_assignment'].choices})")
     for t in tasks:   # the early_kv knob: 'auto' = the list policies' estimate above (no hints under other policies)
-        if t.op in EARLY_KV_OPS and (hints == "on" or (hints == "auto" and early.get(t.inputs[0], False))):
+        if t.op in EARLY_KV_OPS and (hints == "on" or (hints in ("auto", "ahead") and early.get(t.inputs[0], False))):
             t.params["early_kv"] = 1
     queues: list[list[int]] = [[] for _ in range(n_sms)]
     for t in tasks:
         queues[t.sm].append(t.id)
+    # the task before an attention task issues its KV history (vm/csrc: amk_kv_ahead): 'ahead' wherever a weight
+    # tile precedes it; 'auto' only where the idle estimate gave no hint and the model has no QK-norm hop (H100:
+    # llama-3.2-1b ctx 8192 / 32768 -0.7% / -1.9%, llama-3.2-3b ctx 8192 -1.5%; qwen3-0.6b +0.8% / 0.0%, and over
+    # the hint 1 at ctx 512 +0.7%: docs/PERF.md, thirty-seventh session)
+    ahead_auto = hints == "auto" and not any(t.op == "QK_NORM_ROPE" for t in tasks)
+    if hints == "ahead" or ahead_auto:
+        by_id = {t.id: t for t in tasks}
+        for q in queues:
+            for prev, cur in zip(q, q[1:]):
+                t = by_id[cur]
+                if (t.op in EARLY_KV_OPS and kv_ahead_issuer_ok(by_id[prev])
+                        and (hints == "ahead" or not t.params.get("early_kv", 0))):
+                    t.params["early_kv"] = 2
     return queues
 
 

@@ -157,6 +157,21 @@ def qkv_rows(task) -> list[tuple[int, int]]:
     return [(a, a + pc), (a + hd // 2, a + hd // 2 + pc)]
 
 
+# ops that may issue the KV history of the attention task queued after them (early_kv 2)
+
+
+KV_AHEAD_ISSUERS = ("QKV_ROPE", "GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN")
+
+
+def kv_ahead_issuer_ok(task) -> bool:
+    """Whether ``task`` may issue the KV history of the attention task after it in its queue (early_kv 2): a weight
+    tile (its time is its streaming, which the copies share) whose op issues no cp.async of its own (a GEMV that
+    merges attention partials into x does, and its cp.async wait would also wait for the next task's rows). Small
+    latency-bound tasks are not issuers: a QK_NORM_ROPE task, which every attention task of its KV group waits for,
+    queued its row loads behind the copies (qwen3-0.6b ctx 8192 +2.4%, docs/PERF.md thirty-seventh session)."""
+    return task.op in KV_AHEAD_ISSUERS and not (task.op == "GEMV" and int(task.params.get("x_splits", 0)) > 0)
+
+
 def is_dyn(p: dict) -> bool:
     """A claim-group member (GEMV_SILU_MUL dyn_rows > 0, vm/abi.py)?"""
     return int(p.get("dyn_rows", 0)) > 0

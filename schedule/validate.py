@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, kahn_order
-from schedule.ops import is_dyn
+from schedule.ops import is_dyn, kv_ahead_issuer_ok
 from schedule.validate_task import TaskChecks, _is_int
 
 RACE_KINDS = (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT, BufferKind.KV_CACHE)
@@ -172,6 +172,7 @@ class _Validator(TaskChecks):
         if all(self.task_ok) and queues_ok:
             self._check_thresholds()
             self._check_claim_groups()
+            self._check_kv_ahead()
             if self._check_graph():
                 # Races are judged with every wait on a signalled counter ordering all its producers first --
                 # optimistic for an under-counted wait (already an error), so each race reported is certain.
@@ -297,6 +298,24 @@ class _Validator(TaskChecks):
         for c in range(len(p.counters)):
             if not self.producers[c] and not self.waiters[c] and c not in claims:
                 self.warnings.append(f"{self.C(c)} is never signalled nor waited on")
+
+    def _check_kv_ahead(self) -> None:
+        """early_kv 2 (an attention task's KV history issued by the task before it in its queue): that task must
+        exist and be a weight tile that issues no cp.async of its own (schedule.ops.kv_ahead_issuer_ok), else the
+        op would read stages nobody filled (the loader refuses such a program too)."""
+        p = self.p
+        for q in p.queues:
+            for j, i in enumerate(q):
+                t = p.tasks[i]
+                if int(t.params.get("early_kv", 0)) != 2:
+                    continue
+                if j == 0:
+                    self.err("kv-ahead", f"{self.T(i)} has early_kv 2 but is the first task of its queue: no task "
+                                         f"before it issues its KV history")
+                elif not kv_ahead_issuer_ok(p.tasks[q[j - 1]]):
+                    self.err("kv-ahead", f"{self.T(i)} has early_kv 2 but the task before it, {self.T(q[j - 1])}, "
+                                         f"cannot issue its KV history (only a QKV_ROPE, GEMV without merged "
+                                         f"attention partials, GEMV_SILU_MUL or GEMV_SILU_MUL_DOWN task can)")
 
     def _check_claim_groups(self) -> None:
         """Claim groups (GEMV_SILU_MUL dyn_rows > 0, vm/abi.py): the members sharing a claim counter are one

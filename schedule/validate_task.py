@@ -296,7 +296,8 @@ class TaskChecks:
             if op != "ATTN_MERGE":
                 S = P["max_seq"]
                 need(P.get("window", 0) >= 0, "window must be >= 0")
-                need(P.get("early_kv", 0) in (0, 1), "early_kv (issue the KV history before the wait) must be 0 or 1")
+                need(P.get("early_kv", 0) in (0, 1, 2), "early_kv (issue the KV history before the wait: 1 = the task, "
+                     "2 = the task before it in its queue) must be 0, 1 or 2")
                 for c in ("k_cache", "v_cache"):
                     shp = shape(c)
                     need(self.kinds[s[c]] == BufferKind.KV_CACHE and len(shp) == 3 and shp[1:] == (S, hd)

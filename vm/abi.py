@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -43,6 +43,8 @@ STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIM
 # AmkInstr.flags bits
 INSTR_FLAG_STREAM = 1   # weights stream through the shared-memory ring (bulk copies); set only for sm_90+ builds
 INSTR_FLAG_PRELOAD = 2  # the whole weight tile is bulk-copied into the preload buffer before the task's wait (sm_90+)
+INSTR_FLAG_KV_AHEAD = 4  # the NEXT task of this queue is an attention task with early_kv 2: this task's non-waiting
+                         # threads issue that task's first KV history tiles before its own wait (vm/csrc/kv_ahead.cuh)
 
 # QKV_ROPE modes. RAW: the projected rows as they are (no QK-norm, no RoPE) into an fp32 activation laid out like q;
 # QK_NORM_ROPE finishes them (models with QK-norm whose QKV tasks are split below whole heads).
@@ -125,8 +127,9 @@ _OPS = [
             "has_norm", "has_bias", "has_qknorm", "pair_start", "pair_count"), ("eps", "qk_eps"),
            (("norm_w", "has_norm"), ("bias", "has_bias"), ("qk_norm_w", "has_qknorm"))),
     # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]. early_kv (a hint, no
-    # effect on the result): the kernel issues the cache rows before pos before the task's wait (the lowering sets
-    # it where the task's SM is idle before its inputs are ready)
+    # effect on the result): 1 = the kernel issues the cache rows before pos before the task's wait (the lowering sets
+    # it where the task's SM is idle before its inputs are ready); 2 = the task BEFORE it in its queue issues them,
+    # before that task's own wait (knob kv_ahead; the attention stages then sit at the top of shared memory)
     OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),
            ("kv_head", "group", "head_dim", "max_seq", "window", "early_kv"), ("scale",)),
     # split-KV partial: unnormalized (m, l, o[hd]) of one split of the positions
@@ -236,7 +239,8 @@ def render_header() -> str:
     for code, nm in ((STATUS_BAD_OPCODE, "BAD_OPCODE"), (STATUS_TIMEOUT, "TIMEOUT"), (STATUS_BAD_INPUT, "BAD_INPUT")):
         L.append(f"#define AMK_ERR_{nm} {code}")
     L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}",
-          f"#define AMK_INSTR_FLAG_PRELOAD {INSTR_FLAG_PRELOAD}", f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
+          f"#define AMK_INSTR_FLAG_PRELOAD {INSTR_FLAG_PRELOAD}", f"#define AMK_INSTR_FLAG_KV_AHEAD {INSTR_FLAG_KV_AHEAD}",
+          f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
           f"#define AMK_QKV_MODE_V {QKV_MODE_V}", f"#define AMK_QKV_MODE_RAW {QKV_MODE_RAW}", ""]
     for op in _OPS:
         L.append(f"#define AMK_OP_{op.name} {op.code}")

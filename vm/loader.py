@@ -32,9 +32,9 @@ from typing import Any, Callable
 import numpy as np
 
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight
-from schedule.ops import accesses, is_dyn, weight_ranges
+from schedule.ops import accesses, is_dyn, kv_ahead_issuer_ok, weight_ranges
 from vm import abi
-from vm.smem import STREAM_OPS, _pad4, attn_keys, smem_floats
+from vm.smem import STREAM_OPS, _pad4, attn_keys, kv_region_bytes, smem_floats
 
 KIND_CODES = {k: abi.KIND_CODES[k.value] for k in BufferKind}
 STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag + exit count
@@ -155,6 +155,16 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
             r["flags"] |= abi.INSTR_FLAG_PRELOAD
     out["next_preload"] = -1
     index = {t.id: i for i, t in enumerate(program.tasks)}
+    for q in program.queues:   # early_kv 2: the task before issues the KV history (vm/csrc: amk_kv_ahead)
+        for j, tid in enumerate(q):
+            t = program.tasks[index[tid]]
+            if int(t.params.get("early_kv", 0)) == 2:
+                prev = program.tasks[index[q[j - 1]]] if j > 0 else None
+                if prev is None or not kv_ahead_issuer_ok(prev):
+                    raise MegakernelError(f"task {t.id} ({t.op}): early_kv 2 needs a weight tile before it in its "
+                                          f"queue that issues no cp.async of its own (schedule.ops."
+                                          f"kv_ahead_issuer_ok), got {prev.op if prev else 'none'}")
+                out[index[prev.id]]["flags"] |= abi.INSTR_FLAG_KV_AHEAD
     for q in program.queues:   # each flagged task but a queue's first: the task whose start issues its preload
         prev = -1
         for j, tid in enumerate(q):
@@ -271,7 +281,9 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                             if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE))
     # the early KV copies are compiled in only where some attention task carries the early_kv hint
     early = any(t.params.get("early_kv", 0) for t in program.tasks)
-    code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program))
+    ahead = any(int(t.params.get("early_kv", 0)) == 2 for t in program.tasks)   # (the stages then sit at the top)
+    code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program),
+                kv_ahead=ahead)
     spec = jit.spec_for(threads, prefetch_depth, arch, tma, **code)
     wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
     attn = (spec.attn_stages, spec.attn_stage_bytes)
@@ -282,9 +294,12 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                 raise MegakernelError(f"task {t.id} ({t.op}): one key's K and V rows ({2 * int(t.params['head_dim']) * eb} "
                                       f"B) do not fit an attention stage of {spec.attn_stage_bytes} B "
                                       f"(AMK_ATTN_STAGE_BYTES)")
-    need = [(smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4, t)
-            for t in program.tasks]
-    op_smem = max([16] + [n for n, _ in need])
+    # kv_ahead: every op area ends below the attention stage region at the top (128-byte aligned for the swizzle)
+    region = kv_region_bytes(attn) if ahead else 0
+    need = [(-(-smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn, ahead) * 4 // 128) * 128
+             + region if ahead else smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4,
+             t) for t in program.tasks]
+    op_smem = max([16 + region] + [n for n, _ in need])
     optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
     if op_smem + STATIC_SMEM_RESERVE > optin:
         n, t = max(need, key=lambda x: x[0])
@@ -295,7 +310,8 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         if fit < spec.stages:
             spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)), **code)
             if not spec.tma:   # no ring after all: op area without stash terms
-                op_smem = max([16] + [smem_floats(t, threads, attn=attn) * 4 for t in program.tasks])
+                op_smem = max([16 + region] + [-(-smem_floats(t, threads, attn=attn, kv_top=ahead) * 4 // 128) * 128
+                                               + region for t in program.tasks])
     return BuildChoice(spec, op_smem, optin, want, attn)
 
 
@@ -342,11 +358,13 @@ class MegakernelVM:
         check_layout(self.ext.layout(), abi.layout_table())
         info = self.ext.build_info()
         self.build_info = info
+        region = kv_region_bytes(attn) if b.spec.kv_ahead else 0
         if (info["threads"], info["prefetch_depth"], info["status_len"], info.get("attn_stages"),
-                info.get("attn_stage_bytes")) != (self.threads, self.prefetch_depth, STATUS_LEN, *attn):
+                info.get("attn_stage_bytes"), info.get("kv_region")) != (self.threads, self.prefetch_depth,
+                                                                         STATUS_LEN, *attn, region):
             raise MegakernelError(f"extension build info {info} does not match threads={self.threads}, "
                                   f"prefetch_depth={self.prefetch_depth}, status_len={STATUS_LEN}, "
-                                  f"attention stages {attn}")
+                                  f"attention stages {attn}, KV region {region} B")
         self.ring_bytes = int(info.get("ring_bytes", 0))
         self._alloc(weights)
         # -- the preload buffer: what the knob asks for, within what is left next to ring and op area -----------

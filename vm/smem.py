@@ -79,14 +79,22 @@ def attn_floats(G: int, D: int, threads: int, stages: int = ATTN_STAGES, stage_b
 
 
 def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0,
-                attn: tuple[int, int] = (ATTN_STAGES, ATTN_STAGE_BYTES)) -> int:
+                attn: tuple[int, int] = (ATTN_STAGES, ATTN_STAGE_BYTES), kv_top: bool = False) -> int:
     """Dynamic shared memory (floats) of a task: its op area (mirror of amk_smem_floats in
     vm/csrc/megakernel.cu) plus its staged norm weight (norm_floats). weight_bytes / stage_bytes: the weight dtype
-    size and ring stage size (0 = no ring) for the stash term; attn: the build's attention (stages, stage bytes)."""
-    return _op_floats(task, threads, weight_bytes, stage_bytes, attn) + norm_floats(task)
+    size and ring stage size (0 = no ring) for the stash term; attn: the build's attention (stages, stage bytes);
+    kv_top: a kv_ahead build, whose attention stages are one region at the top of shared memory (kv_region_bytes),
+    not part of any op area."""
+    return _op_floats(task, threads, weight_bytes, stage_bytes, attn, kv_top) + norm_floats(task)
 
 
-def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tuple[int, int]) -> int:
+def kv_region_bytes(attn: tuple[int, int] = (ATTN_STAGES, ATTN_STAGE_BYTES)) -> int:
+    """Bytes of the attention stage region at the top of shared memory in kv_ahead builds (AMK_KV_REGION)."""
+    return attn[0] * attn[1]
+
+
+def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tuple[int, int],
+               kv_top: bool = False) -> int:
     p = task.params
     stash = stash_floats(task, threads, weight_bytes, stage_bytes)
     if task.op == "RMSNORM":
@@ -104,5 +112,6 @@ def _op_floats(task, threads: int, weight_bytes: int, stage_bytes: int, attn: tu
         hd = int(p["head_dim"])
         return _pad4((int(p["group"]) + 1) * hd) + 2 * hd + _pad4(hd // 2)
     if task.op in ("ATTN_DECODE", "ATTN_PARTIAL"):
-        return attn_floats(int(p["group"]), int(p["head_dim"]), threads, *attn)
+        return attn_floats(int(p["group"]), int(p["head_dim"]), threads, *attn) - (kv_region_bytes(attn) // 4
+                                                                                    if kv_top else 0)
     return 0

@@ -158,11 +158,22 @@ def _check_sm_assignment(p, v):
 
 
 def _check_early_kv(p, v):
-    """'off': no attention task carries the hint (the toy's auto hints every one); nothing else changes."""
+    """'off': no attention task carries the hint (the toy's auto hints every one); 'ahead': exactly the attention
+    tasks queued right behind a weight tile that issues no cp.async carry 2 (their KV issued by that task), the
+    others keep auto's hint; nothing else changes."""
     att = lambda q: [t for t in q.tasks if t.op in ("ATTN_DECODE", "ATTN_PARTIAL")]  # noqa: E731
-    assert v == "off" and {t.params.get("early_kv", 0) for t in att(BASE)} == {1}
-    assert att(p) and all(t.params.get("early_kv", 0) == 0 for t in att(p))
+    assert v in ("off", "ahead") and {t.params.get("early_kv", 0) for t in att(BASE)} == {1}
     assert [(t.op, t.sm, t.label) for t in p.tasks] == [(t.op, t.sm, t.label) for t in BASE.tasks]
+    if v == "off":
+        assert att(p) and all(t.params.get("early_kv", 0) == 0 for t in att(p))
+        return
+    prev = {q[j]: p.tasks[q[j - 1]] for q in p.queues for j in range(1, len(q))}
+    for t in att(p):
+        before = prev.get(t.id)
+        ok = before is not None and before.op in ("QKV_ROPE", "GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN") and not (
+            before.op == "GEMV" and before.params.get("x_splits", 0))
+        assert t.params.get("early_kv", 0) == (2 if ok else 1), t.label
+    assert any(t.params.get("early_kv", 0) == 2 for t in att(p))
 
 
 def _check_split_argmax(p, v):

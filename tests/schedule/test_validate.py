@@ -456,9 +456,10 @@ def test_qk_norm_rope_shapes_and_raw_mode_are_checked():
     rejected(p, f"task {attn.id} (ATTN_", "k_cache0")
 
 
-def test_early_kv_hint_must_be_0_or_1():
-    """The early_kv hint of an attention task is optional (packed as 0); any value other than 0 / 1 is rejected,
-    naming the task and the param. Unhinted and hinted programs are both valid."""
+def test_early_kv_hint_must_be_0_1_or_2():
+    """The early_kv hint of an attention task is optional (packed as 0); any value other than 0 / 1 / 2 is rejected,
+    naming the task and the param. 2 (the task before it in its queue issues its KV history) needs a weight tile
+    there: first in its queue, or behind another attention task, is rejected naming both."""
     from schedule.graph import load_model
     from schedule.lower import lower
     p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 2},
@@ -467,8 +468,31 @@ def test_early_kv_hint_must_be_0_or_1():
     assert att and validate(p).ok and not any("early_kv" in t.params for t in att)
     att[0].params["early_kv"] = 1
     assert validate(p).ok
-    att[0].params["early_kv"] = 2
+    att[0].params["early_kv"] = 3
     rejected(p, f"task {att[0].id} (ATTN_PARTIAL {att[0].label})", "early_kv")
+    att[0].params["early_kv"] = 0
+    pos = {tid: (sm, j) for sm, q in enumerate(p.queues) for j, tid in enumerate(q)}
+    ok = [t for t in att if pos[t.id][1] > 0 and p.tasks[p.queues[pos[t.id][0]][pos[t.id][1] - 1]].op == "QKV_ROPE"]
+    assert ok
+    ok[0].params["early_kv"] = 2
+    assert validate(p).ok
+    ok[0].params["early_kv"] = 0
+    # 8 splits on 8 SMs: some attention tasks open a queue, others sit behind another attention task
+    p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 8,
+                                                                "num_sms": 8}, max_seq=32)
+    att = [t for t in p.tasks if t.op == "ATTN_PARTIAL"]
+    pos = {tid: (sm, j) for sm, q in enumerate(p.queues) for j, tid in enumerate(q)}
+    first = [t for t in att if pos[t.id][1] == 0]
+    behind = [t for t in att if pos[t.id][1] > 0 and p.tasks[p.queues[pos[t.id][0]][pos[t.id][1] - 1]].op == "ATTN_PARTIAL"]
+    assert first and behind and validate(p).ok
+    for t in first[:1]:
+        t.params["early_kv"] = 2
+        rejected(p, f"task {t.id} (ATTN_PARTIAL {t.label})", "first task of its queue")
+        t.params["early_kv"] = 0
+    for t in behind[:1]:
+        t.params["early_kv"] = 2
+        rejected(p, f"task {t.id} (ATTN_PARTIAL {t.label})", "cannot issue its KV history")
+        t.params["early_kv"] = 0
 
 
 def test_split_argmax_checks():

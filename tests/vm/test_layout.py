@@ -14,8 +14,8 @@ from schedule.graph import load_model
 from schedule.ir import get_target
 from schedule.lower import lower
 from vm import abi
-from vm.loader import (AbiMismatchError, arch_has_bulk_copy, check_layout, pack_instructions, pack_queues,
-                       preload_buffer_bytes)
+from vm.loader import (AbiMismatchError, MegakernelError, arch_has_bulk_copy, check_layout, pack_instructions,
+                       pack_queues, preload_buffer_bytes)
 from vm.smem import smem_floats
 
 CSRC = pathlib.Path(abi.__file__).parent / "csrc"
@@ -256,3 +256,31 @@ def test_attention_stage_geometry_is_a_build_knob(monkeypatch):
                 {"attn_stage_bytes": 1 << 17}):
         with pytest.raises(jit.BuildError, match="attention stages"):
             jit.BuildSpec(arch="sm_90a", tma=False, **bad)
+
+
+def test_pack_marks_the_kv_ahead_issuers():
+    """early_kv 2 tasks: exactly the task before each in its queue gets INSTR_FLAG_KV_AHEAD (it issues the KV
+    history, vm/csrc amk_kv_ahead), the hint is packed as 2, and a program whose early_kv 2 task has no weight tile
+    before it is refused naming the task (the op would read stages nobody filled)."""
+    from schedule.graph import load_model
+    from schedule.ir import TARGETS
+    from schedule.lower import lower
+    g = load_model("toy", dtype="bf16")
+    prog = lower(g, TARGETS["h100"], {"num_sms": 8, "attn_splits": 2, "sm_assignment": "list", "early_kv": "ahead"},
+                 max_seq=32)
+    ins = pack_instructions(prog)
+    want = set()
+    for q in prog.queues:
+        for prev, cur in zip(q, q[1:]):
+            if prog.tasks[cur].params.get("early_kv") == 2:
+                want.add(prev)
+                assert prog.tasks[prev].op in ("QKV_ROPE", "GEMV", "GEMV_SILU_MUL")
+    flagged = {i for i in range(len(ins)) if ins[i]["flags"] & abi.INSTR_FLAG_KV_AHEAD}
+    assert want and flagged == want
+    ek = abi.OPCODES["ATTN_PARTIAL"].iparams.index("early_kv")
+    assert {int(ins[i]["ip"][ek]) for i, t in enumerate(prog.tasks) if t.op == "ATTN_PARTIAL"} >= {2}
+    bad = next(t for t in prog.tasks if t.params.get("early_kv") == 2)
+    pos = next((q, j) for q in prog.queues for j, tid in enumerate(q) if tid == bad.id)
+    pos[0].insert(0, pos[0].pop(pos[1]))   # now first in its queue: nobody issues its rows
+    with pytest.raises(MegakernelError, match=f"task {bad.id} \\(ATTN_PARTIAL\\): early_kv 2 needs a weight tile"):
+        pack_instructions(prog)

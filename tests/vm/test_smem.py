@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from vm.smem import attn_floats, attn_keys
+from vm.smem import attn_floats, attn_keys, kv_region_bytes, smem_floats
 
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "vm" / "csrc"
 
@@ -26,6 +26,19 @@ def test_attention_smem_areas_by_hand():
     # G=3, hd=10, 256 threads, 3 stages of 16 KB: q, o 2*pad4(30) | scores pad4(3*256) | rg min(32, 256//5)=32,
     # 32*3*10 | pad4(9) | 3 * 4096
     assert attn_floats(3, 10, 256, 3, 16384) == 64 + 768 + 960 + 12 + 12288
+
+
+def test_kv_ahead_moves_the_stages_out_of_the_attention_area():
+    """kv_ahead builds: an attention task's op area loses exactly its stages (they are the region at the top of
+    shared memory, kv_region_bytes = stages x stage bytes); no other op's area changes."""
+    from schedule.ir import Task
+    att = Task(0, "ATTN_PARTIAL", [0, 1, 2, 3], [4], params={"kv_head": 0, "group": 4, "head_dim": 64, "max_seq": 64,
+                                                       "split": 0, "n_splits": 2})
+    gemv = Task(1, "GEMV", [0, 1], [2], params={"k": 2048, "row_start": 0, "row_count": 16, "has_residual": 1})
+    assert kv_region_bytes() == 2 * 32768 and kv_region_bytes((3, 16384)) == 3 * 16384
+    assert smem_floats(att, 512) - smem_floats(att, 512, kv_top=True) == 2 * 32768 // 4
+    assert smem_floats(att, 512, attn=(3, 16384)) - smem_floats(att, 512, attn=(3, 16384), kv_top=True) == 3 * 4096
+    assert smem_floats(gemv, 512, kv_top=True) == smem_floats(gemv, 512) == 2048 + 16
 
 
 PROBE = r"""

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 6
+#define AMK_ABI_VERSION 7
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 8
 #define AMK_MAX_IPARAMS 16
@@ -34,6 +34,7 @@
 
 #define AMK_INSTR_FLAG_STREAM 1
 #define AMK_INSTR_FLAG_PRELOAD 2
+#define AMK_INSTR_FLAG_KV_AHEAD 4
 #define AMK_QKV_MODE_Q 0
 #define AMK_QKV_MODE_K 1
 #define AMK_QKV_MODE_V 2

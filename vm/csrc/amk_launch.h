@@ -60,7 +60,7 @@ int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream);  // 
 int amk_occupancy(int smem_bytes, int* blocks_per_sm);             // co-resident blocks per SM
 int amk_layout(const char** structs, const char** fields, long long* values, int max_entries);  // -> count
 int amk_build_info(int* out, int n);  // threads, prefetch depth, ABI version, CUDART, sizeof params, ring
-                                      // stages, stage bytes, tma, preload, dtypes, attention stages, bytes
+                                      // stages, stage bytes, tma, preload, dtypes, attention stages, bytes, KV region
 const char* amk_error_string(int err);
 #ifdef __cplusplus
 }

@@ -120,8 +120,8 @@ pybind11::dict layout() {
 }
 
 pybind11::dict build_info() {
-  int v[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  amk_build_info(v, 12);
+  int v[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  amk_build_info(v, 13);
   pybind11::dict d;
   d["threads"] = v[0];
   d["prefetch_depth"] = v[1];
@@ -136,6 +136,7 @@ pybind11::dict build_info() {
   d["dtypes"] = v[9];
   d["attn_stages"] = v[10];
   d["attn_stage_bytes"] = v[11];
+  d["kv_region"] = v[12];
   d["trace_words"] = AMK_TRACE_WORDS;
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;

@@ -91,15 +91,18 @@ __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
       return amk_pad4((in.ip[AMK_QK_NORM_ROPE_IP_GROUP] + 1) * in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM]) +
              2 * in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM] + amk_pad4(in.ip[AMK_QK_NORM_ROPE_IP_HEAD_DIM] / 2);
     case AMK_OP_ATTN_DECODE:
-    case AMK_OP_ATTN_PARTIAL:
-      return amk_attn_smem(in.ip[AMK_ATTN_DECODE_IP_GROUP], in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM]).total;
+    case AMK_OP_ATTN_PARTIAL: {  // (AMK_KV_AHEAD: the stages are the region at the top, amk_smem_need)
+      const AmkAttnSmem a = amk_attn_smem(in.ip[AMK_ATTN_DECODE_IP_GROUP], in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM]);
+      return AMK_KV_AHEAD ? a.kv : a.total;
+    }
     default: return 0;
   }
 }
 
-// Bytes of dynamic shared memory a task needs: ring + preload buffer + its op area + its staged norm weight.
+// Bytes of dynamic shared memory a task needs: ring + preload buffer + its op area + its staged norm weight (+ the
+// attention stage region at the top in AMK_KV_AHEAD builds, which every task must leave alone).
 __device__ __forceinline__ int64_t amk_smem_need(const AmkParams& p, const AmkInstr& in) {
-  return (int64_t)(amk_smem_floats(in) + amk_norm_floats(in)) * 4 + AMK_RING_BYTES + p.preload_bytes;
+  return (int64_t)(amk_smem_floats(in) + amk_norm_floats(in)) * 4 + AMK_RING_BYTES + p.preload_bytes + AMK_KV_REGION;
 }
 
 // need: amk_smem_need of the task, computed before the wait (AMK_NEED_EARLY) or here.
@@ -253,6 +256,11 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
           asm volatile("bar.sync 1, %0;" ::"n"(AMK_THREADS - 32) : "memory");  // warp NWARPS-1's slots are published
           if (need <= (int64_t)p.smem_bytes) amk_attn_early(c, 32);  // the KV history rows start moving now
         }
+#if AMK_KV_AHEAD
+        // the next task's KV history into the top region (loader: only where the next task is an early_kv 2
+        // attention task and this task's op issues no cp.async of its own)
+        if (s_ins.flags & AMK_INSTR_FLAG_KV_AHEAD) amk_kv_ahead(P, qi + 1, 32);  // (never a queue's last task)
+#endif
       }
     }
     __syncthreads();
@@ -373,11 +381,11 @@ extern "C" int amk_layout(const char** structs, const char** fields, long long* 
 extern "C" int amk_build_info(int* out, int n) {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  const int v[12] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+  const int v[13] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
                      AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD, AMK_DTYPES,
-                     AMK_ATTN_STAGES, AMK_ATTN_STAGE_BYTES};
-  for (int i = 0; i < n && i < 12; ++i) out[i] = v[i];
-  return 12;
+                     AMK_ATTN_STAGES, AMK_ATTN_STAGE_BYTES, AMK_KV_REGION};
+  for (int i = 0; i < n && i < 13; ++i) out[i] = v[i];
+  return 13;
 }
 
 extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

@@ -82,6 +82,20 @@ __host__ __device__ __forceinline__ AmkAttnSmem amk_attn_smem(int G, int D) {
   a.total = a.kv + AMK_ATTN_STAGES * (AMK_ATTN_STAGE_BYTES / 4);
   return a;
 }
+// AMK_KV_AHEAD builds (the program has early_kv 2 tasks; vm/loader.py select_build): the attention stages are not
+// part of the op area but a region of AMK_KV_REGION bytes at the TOP of the launch's dynamic shared memory, which no
+// other op touches, so the task before an attention task can fill it while it runs itself (amk_kv_ahead).
+#ifndef AMK_KV_AHEAD
+#define AMK_KV_AHEAD 0
+#endif
+#define AMK_KV_REGION (AMK_KV_AHEAD ? AMK_ATTN_STAGES * AMK_ATTN_STAGE_BYTES : 0)
+__device__ __forceinline__ char* amk_attn_kv_top(const AmkParams& p) {
+  return (char*)(amk_dyn_smem + (p.smem_bytes - AMK_KV_REGION));
+}
+// The stage area of an attention task whose op area starts at sm (floats, shared memory).
+__device__ __forceinline__ char* amk_attn_kv(const AmkCtx& c, float* sm, const AmkAttnSmem& m) {
+  return AMK_KV_AHEAD ? amk_attn_kv_top(*c.p) : (char*)(sm + m.kv);
+}
 
 // Copies `bytes` bytes from global src into shared dst, split over the block: 16-byte cp.async when both ends and
 // the length allow (vec), else 2- or 4-byte coherent loads (synchronous; visible after the caller's barrier).
@@ -173,14 +187,18 @@ struct AmkAttnRange {
   bool ok;
   bool early;  // the task's early_kv hint (AMK_ATTN_EARLY builds): its KV history was issued before its wait
 };
-// An ATTN_DECODE / ATTN_PARTIAL instruction's early_kv hint (0 for every other op).
-__device__ __forceinline__ bool amk_attn_early_hint(const AmkInstr& in) {
-  return AMK_ATTN_EARLY_ON &&
-         ((in.op == AMK_OP_ATTN_PARTIAL && in.ip[AMK_ATTN_PARTIAL_IP_EARLY_KV] != 0) ||
-          (in.op == AMK_OP_ATTN_DECODE && in.ip[AMK_ATTN_DECODE_IP_EARLY_KV] != 0));
+// An ATTN_DECODE / ATTN_PARTIAL instruction's early_kv hint (0 for every other op): 1 = the task issues its KV
+// history before its own wait (amk_attn_early), 2 = the task before it in the queue did (amk_kv_ahead; AMK_KV_AHEAD
+// builds only).
+__device__ __forceinline__ int amk_attn_early_value(const AmkInstr& in) {
+  const int v = in.op == AMK_OP_ATTN_PARTIAL ? in.ip[AMK_ATTN_PARTIAL_IP_EARLY_KV]
+                : in.op == AMK_OP_ATTN_DECODE ? in.ip[AMK_ATTN_DECODE_IP_EARLY_KV] : 0;
+  return !AMK_ATTN_EARLY_ON ? 0 : v == 1 ? 1 : (v == 2 && AMK_KV_AHEAD) ? 2 : 0;
 }
-__device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool partial) {
-  const AmkInstr& in = *c.ins;
+// Whether the task itself issues its KV history before its wait (early_kv 1).
+__device__ __forceinline__ bool amk_attn_early_hint(const AmkInstr& in) { return amk_attn_early_value(in) == 1; }
+// The keys of attention instruction `in` (shared or global memory) at position pos.
+__device__ __forceinline__ AmkAttnRange amk_attn_range_of(const AmkInstr& in, int pos, bool partial) {
   // ATTN_DECODE and ATTN_PARTIAL share iparam slots 0..4 (kv_head, group, head_dim, max_seq, window)
   AmkAttnRange r;
   r.kvh = in.ip[AMK_ATTN_DECODE_IP_KV_HEAD];
@@ -188,9 +206,9 @@ __device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool par
   r.D = in.ip[AMK_ATTN_DECODE_IP_HEAD_DIM];
   r.S = in.ip[AMK_ATTN_DECODE_IP_MAX_SEQ];
   const int window = in.ip[AMK_ATTN_DECODE_IP_WINDOW];
-  r.pos = amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS);
+  r.pos = pos;
   r.ok = r.pos >= 0 && r.pos < r.S;
-  r.early = amk_attn_early_hint(in);
+  r.early = amk_attn_early_value(in) != 0;
   const int L = r.pos + 1;
   r.lo = window > 0 ? (L - window > 0 ? L - window : 0) : 0;
   r.hi = L;
@@ -208,6 +226,9 @@ __device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool par
     r.hi = bound(r.sp + 1);
   }
   return r;
+}
+__device__ __forceinline__ AmkAttnRange amk_attn_range(const AmkCtx& c, bool partial) {
+  return amk_attn_range_of(*c.ins, amk_io_scalar(c, AMK_ATTN_DECODE_IN_POS), partial);
 }
 
 // Element (h, d) of an attention task's output rows, with its head's (m, l): the one definition of their layout --
@@ -453,7 +474,7 @@ __device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q,
   float* sm = amk_in_smem(c.smem);
   const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
   amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
-                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), (char*)(sm + m.kv), out, partial);
+                     sm + m.st, sm + m.sc, (uint2*)(sm + m.red), amk_attn_kv(c, sm, m), out, partial);
   return true;
 }
 // Computes st = (m, l) and o_s (unnormalised) over keys [lo, hi). Ends with a barrier. Returns false (after
@@ -473,7 +494,7 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   a.sc = sm + m.sc;
   a.red = sm + m.red;
   a.st = sm + m.st;
-  a.kv = (char*)(sm + m.kv);
+  a.kv = amk_attn_kv(c, sm, m);
   a.G = G;
   a.D = D;
   a.KT = amk_attn_keys(D, T::BYTES);

@@ -345,27 +345,19 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   if (out == nullptr) __syncthreads();
 }
 
-// The KV copies of an ATTN_DECODE / ATTN_PARTIAL task with the early_kv hint that need not wait, issued BEFORE its
-// wait by threads [t_first, AMK_THREADS) once the task's slots are resolved (megakernel.cu): rows [lo, pos) of its
-// first AMK_ATTN_STAGES tiles (all stages are free before the op starts), one cp.async group per thread, which the
-// op's first wait_group covers (it is the oldest group). Only where the fast path takes the task
-// (amk_attn_mma_takes) and pos is inside the cache; the op then issues the rest (amk_attn_mma's cut = pos).
-// The hint pays where the SM is idle before the task's inputs are ready (the rows land meanwhile); right behind a
-// QKV task of its own group it measured 1.4% slower (the copies are still in flight when q's load is issued).
-// Why this is safe before the wait: no task of a step writes a cache row other than pos -- every KV_CACHE writer
-// (QKV_ROPE K / V tiles, QK_NORM_ROPE) appends the row at pos (schedule/ops.py; the validator models cache accesses
-// as (head, column) of that row) -- so rows < pos are final since the launches that wrote them.
-__device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
-  const int dt = amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE);
+// Rows [lo, pos) of the first AMK_ATTN_STAGES tiles of the task with keys r, cache bases kbase / vbase, into the
+// stage area kv, by threads [t_first, AMK_THREADS); one cp.async group per thread, which the op's first wait_group
+// covers (it is the oldest group the thread has). Only where the fast path takes the task and pos is inside the
+// cache (the op's own test, so the op's cut = pos holds exactly when this issued).
+__device__ __forceinline__ void amk_attn_issue_history(const AmkAttnRange& r, int dt, const char* kc, const char* vc,
+                                                       char* kv, int t_first) {
   const bool two = (AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16) ||
                    (AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16);
-  const AmkAttnRange r = amk_attn_range(c, c.ins->op == AMK_OP_ATTN_PARTIAL);
   if (AMK_DBG_NOLOAD || !two || !r.ok || !r.early) return;
   const int D = r.D, row = D * 2;
-  const char* kbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE) + (size_t)r.kvh * r.S * row;
-  const char* vbase = (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE) + (size_t)r.kvh * r.S * row;
+  const char* kbase = kc + (size_t)r.kvh * r.S * row;
+  const char* vbase = vc + (size_t)r.kvh * r.S * row;
   if (!amk_attn_mma_takes(r.G, D, kbase, vbase)) return;
-  char* kv = (char*)(amk_in_smem(c.smem) + amk_attn_smem(r.G, D).kv);
   const int KT = amk_attn_keys(D, 2), i0 = amk_tid() - t_first, step = AMK_THREADS - t_first;
   const uint64_t pol = AMK_ATTN_CP_HINT == 1 ? amk_policy_evict_first() : 0;
   for (int t = 0, t0 = r.lo; t < AMK_ATTN_STAGES && t0 < r.hi; ++t, t0 += KT) {
@@ -375,3 +367,42 @@ __device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
   }
   amk_cp_async_commit();
 }
+
+// The KV copies of an ATTN_DECODE / ATTN_PARTIAL task with the early_kv hint 1 that need not wait, issued BEFORE its
+// wait by threads [t_first, AMK_THREADS) once the task's slots are resolved (megakernel.cu); the op then issues the
+// rest (amk_attn_mma's cut = pos).
+// The hint pays where the SM is idle before the task's inputs are ready (the rows land meanwhile); right behind a
+// QKV task of its own group it measured 1.4% slower (the copies are still in flight when q's load is issued).
+// Why this is safe before the wait: no task of a step writes a cache row other than pos -- every KV_CACHE writer
+// (QKV_ROPE K / V tiles, QK_NORM_ROPE) appends the row at pos (schedule/ops.py; the validator models cache accesses
+// as (head, column) of that row) -- so rows < pos are final since the launches that wrote them.
+__device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
+  const AmkAttnRange r = amk_attn_range(c, c.ins->op == AMK_OP_ATTN_PARTIAL);
+  amk_attn_issue_history(r, amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE),
+                         (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE),
+                         (const char*)amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE),
+                         amk_attn_kv(c, amk_in_smem(c.smem), amk_attn_smem(r.G, r.D)), t_first);
+}
+
+// early_kv 2 (AMK_KV_AHEAD builds): the task at queue position qpos -- the NEXT task of this block's queue, an
+// attention task -- gets its KV history rows issued by the task before it (flag AMK_INSTR_FLAG_KV_AHEAD), from
+// that task's start, by threads [t_first, AMK_THREADS) while its thread 0 waits: the rows land while the block
+// runs the task before (at long context a QKV task, whose phase leaves the HBM at ~2 TB/s). The stages are the
+// region at the top of shared memory that no other op uses (amk_attn_kv_top). The next instruction and its
+// buffers are read from global memory here (its slots are resolved only when it runs). Same rows and the same
+// safety argument as amk_attn_early; the op's first wait_group covers these groups too (they are each thread's
+// oldest: the task in between issues no cp.async -- the loader flags only such tasks).
+#if AMK_KV_AHEAD
+__device__ __noinline__ void amk_kv_ahead(const AmkParams& p, int qpos, int t_first) {
+  const AmkInstr& in = p.instrs[__ldg(p.queue_items + qpos)];
+  const int op = __ldg(&in.op);
+  const AmkBufDesc kd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_K_CACHE])];
+  const AmkBufDesc vd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_V_CACHE])];
+  const AmkBufDesc pd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_POS])];
+  const AmkAttnRange r = amk_attn_range_of(in, amk_io_value(p, (const int*)(uintptr_t)pd.ptr),
+                                           op == AMK_OP_ATTN_PARTIAL);
+  if ((op != AMK_OP_ATTN_PARTIAL && op != AMK_OP_ATTN_DECODE) || amk_attn_early_value(in) != 2) return;
+  amk_attn_issue_history(r, kd.dtype, (const char*)(uintptr_t)kd.ptr, (const char*)(uintptr_t)vd.ptr,
+                         amk_attn_kv_top(p), t_first);
+}
+#endif
