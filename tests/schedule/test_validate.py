@@ -462,8 +462,8 @@ def test_early_kv_hint_must_be_0_1_or_2():
     there: first in its queue, or behind another attention task, is rejected naming both."""
     from schedule.graph import load_model
     from schedule.lower import lower
-    p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 2},
-              max_seq=32)
+    p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 2,
+                                                                "early_kv": "off"}, max_seq=32)
     att = [t for t in p.tasks if t.op == "ATTN_PARTIAL"]
     assert att and validate(p).ok and not any("early_kv" in t.params for t in att)
     att[0].params["early_kv"] = 1
@@ -479,7 +479,7 @@ def test_early_kv_hint_must_be_0_1_or_2():
     ok[0].params["early_kv"] = 0
     # 8 splits on 8 SMs: some attention tasks open a queue, others sit behind another attention task
     p = lower(load_model("toy", dtype="bf16"), TARGETS["h100"], {"sm_assignment": "list", "attn_splits": 8,
-                                                                "num_sms": 8}, max_seq=32)
+                                                                "num_sms": 8, "early_kv": "off"}, max_seq=32)
     att = [t for t in p.tasks if t.op == "ATTN_PARTIAL"]
     pos = {tid: (sm, j) for sm, q in enumerate(p.queues) for j, tid in enumerate(q)}
     first = [t for t in att if pos[t.id][1] == 0]

@@ -94,7 +94,8 @@ def test_early_kv_hint_gives_the_same_bits(name):
     from schedule.ir import MegakernelProgram, validate
     from vm.loader import MegakernelVM
     g = _graph(name, "bf16")
-    plain = lower(g, TARGETS["h100"], {"num_sms": 16, "sm_assignment": "list", "attn_splits": 3}, max_seq=S)
+    plain = lower(g, TARGETS["h100"], {"num_sms": 16, "sm_assignment": "list", "attn_splits": 3, "early_kv": "off"},
+                  max_seq=S)
     prog = MegakernelProgram.from_json(plain.to_json())
     for t in prog.tasks:   # hints set by hand (the lowering sets them only where the SM idles long enough)
         if t.op in ("ATTN_PARTIAL", "ATTN_DECODE"):

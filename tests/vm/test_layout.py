@@ -107,13 +107,15 @@ def test_weight_ranges_and_stream_flags():
             assert list(r["prefetch_bytes"]) == [(a1 - a0) * K * 2, (b1 - b0) * K * 2]
             assert r["prefetch_ptr"][1] == base[t.inputs[1]] + b0 * K * 2
         else:
-            assert r["flags"] == 0 and (t.op != "EMBED" or r["prefetch_bytes"].sum() == 0)
-    assert not (pack_instructions(prog, base.__getitem__, stage_bytes=0)["flags"] != 0).any()
+            assert not r["flags"] & (abi.INSTR_FLAG_STREAM | abi.INSTR_FLAG_PRELOAD)
+            assert t.op != "EMBED" or r["prefetch_bytes"].sum() == 0
+    weight_flags = abi.INSTR_FLAG_STREAM | abi.INSTR_FLAG_PRELOAD   # (KV_AHEAD marks issuers of attention's KV)
+    assert not (pack_instructions(prog, base.__getitem__, stage_bytes=0)["flags"] & weight_flags).any()
     odd = ModelConfig("llama", 101, 90, 70, 1, 3, 1, 10, 1e-5, 10000.0, None, False, max_position=64)
     go = ModelGraph("odd", odd, random_weights(odd, "bf16", 0), "bf16")
     po = lower(go, TARGETS["h100"], {"num_sms": 4}, max_seq=16)
     ins = pack_instructions(po, lambda b: 4096 * (b + 1), stage_bytes=32768)
-    assert not (ins["flags"] != 0).any()  # 180-byte rows: register path
+    assert not (ins["flags"] & weight_flags).any()  # 180-byte rows: register path
     assert np.all(ins["n_bufs"] <= abi.MAX_BUFS)
 
 
