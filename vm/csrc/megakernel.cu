@@ -10,7 +10,9 @@
 //      slots and IO scalars (token, pos) into shared memory, stage its fused RMSNorm weight (amk_prep_*) and
 //      compute its shared-memory need, so the op starts with one dependent round trip (its input) instead of three
 //      and almost nothing runs between the wait and that load (the build switches below); an attention task with
-//      the early_kv hint has its KV history rows issued into its stages (amk_attn_early). A task of a joined op
+//      the early_kv hint 1 has its KV history rows issued into its stages (amk_attn_early); a task flagged
+//      AMK_INSTR_FLAG_KV_AHEAD issues those of the NEXT task (an attention task with early_kv 2) into the stage
+//      region at the top of shared memory (amk_kv_ahead, AMK_KV_AHEAD builds). A task of a joined op
 //      (AMK_JOIN_OPS, sync.cuh: attention and merge) whose counters are not met at the first check defers the
 //      wait into its op, which runs its setup first and waits at its first input read (amk_join);
 //   3. dispatch on the opcode (unknown -> BAD_OPCODE); ops check their shared-memory need against the launch;
