@@ -375,6 +375,8 @@ class MegakernelVM:
                                            preload_cap=preload_cap)
         self.n_streamed = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_STREAM) != 0).sum())
         self.n_preloaded = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_PRELOAD) != 0).sum())
+        self.n_kv_ahead = int(((self.instrs_np["flags"] & abi.INSTR_FLAG_KV_AHEAD) != 0).sum())
+        self.kv_region_bytes = region   # the attention stages at the top of shared memory (kv_ahead builds)
         self.preload_bytes = preload_buffer_bytes(self.instrs_np)
         # -- launch geometry ----------------------------------------------------------------------------------
         self.smem_bytes = self.ring_bytes + self.preload_bytes + op_smem
@@ -665,7 +667,8 @@ class MegakernelVM:
     def __repr__(self) -> str:
         return (f"MegakernelVM({len(self.program.tasks)} tasks, grid {self.grid}, {self.threads} threads, "
                 f"smem {self.smem_bytes} B (ring {self.ring_bytes} B, {self.n_streamed} streamed tasks; preload "
-                f"{self.preload_bytes} B, {self.n_preloaded} preloaded tasks), "
+                f"{self.preload_bytes} B, {self.n_preloaded} preloaded tasks; KV region {self.kv_region_bytes} B, "
+                f"{self.n_kv_ahead} tasks issue the next task's KV), "
                 f"prefetch depth {self.prefetch_depth} cap {self.prefetch_cap} B)")
 
 
