@@ -133,11 +133,9 @@ KNOBS: tuple[Knob, ...] = (
              "measured -0.2..-1.1% on llama presets but +0.9% on qwen3-0.6b at 8192 (twenty-fifth session); "
              "'ahead' = every attention task queued right behind a weight tile (QKV, GEMV without merged "
              "partials, gate/up) gets its KV history issued by that task, at its start (into a stage region at the "
-             "top of shared memory that no other op uses), the others as 'auto'; 'auto' also does this for the "
-             "attention tasks the idle estimate leaves unhinted, where the model has no QK-norm hop (H100: "
-             "llama-3.2-1b ctx 8192 / 32768 -0.7% / -1.9%, llama-3.2-3b ctx 8192 / 32768 -1.5% / -6.3%, "
-             "llama-3.1-8b ctx 8192 -0.8%, qwen3-0.6b ctx 8192 / 32768 +0.8% / 0.0%; over the hint 1 at ctx 512 "
-             "+0.7%; thirty-seventh session)"),
+             "top of shared memory that no other op uses), the others as 'auto'. Not in 'auto': with the attention "
+             "stages 128-byte aligned it measured equal to 'auto' (H100, llama-3.2-1b ctx 8192 / 32768 +0.0% / "
+             "+0.1%; before the alignment its region's aligned stages were what gained; thirty-seventh session)"),
     Knob("split_argmax", bool, True, choices=(True, False),
          doc="the next token's argmax in two steps: one ARGMAX_PARTIAL per LM-head tile (right after it) and one "
              "ARGMAX_MERGE over the tiles' winners, instead of one ARGMAX task reading the whole vocabulary on one "

@@ -482,19 +482,15 @@ def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints:
     queues: list[list[int]] = [[] for _ in range(n_sms)]
     for t in tasks:
         queues[t.sm].append(t.id)
-    # the task before an attention task issues its KV history (vm/csrc: amk_kv_ahead): 'ahead' wherever a weight
-    # tile precedes it; 'auto' only where the idle estimate gave no hint and the model has no QK-norm hop (H100:
-    # llama-3.2-1b ctx 8192 / 32768 -0.7% / -1.9%, llama-3.2-3b -1.5% / -6.3%, llama-3.1-8b ctx 8192 -0.8%;
-    # qwen3-0.6b +0.8% / 0.0%, and over the hint 1 at ctx 512 +0.7%: docs/PERF.md, thirty-seventh session)
-    ahead_auto = hints == "auto" and not any(t.op == "QK_NORM_ROPE" for t in tasks)
-    if hints == "ahead" or ahead_auto:
+    # 'ahead': the task before an attention task issues its KV history (vm/csrc: amk_kv_ahead) wherever a weight
+    # tile precedes it. Not in 'auto': measured equal to the same program without it once the attention stages
+    # were 128-byte aligned (docs/PERF.md, thirty-seventh session)
+    if hints == "ahead":
         by_id = {t.id: t for t in tasks}
         for q in queues:
             for prev, cur in zip(q, q[1:]):
-                t = by_id[cur]
-                if (t.op in EARLY_KV_OPS and kv_ahead_issuer_ok(by_id[prev])
-                        and (hints == "ahead" or not t.params.get("early_kv", 0))):
-                    t.params["early_kv"] = 2
+                if by_id[cur].op in EARLY_KV_OPS and kv_ahead_issuer_ok(by_id[prev]):
+                    by_id[cur].params["early_kv"] = 2
     return queues
 
 

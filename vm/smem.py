@@ -71,11 +71,11 @@ def attn_keys(head_dim: int, elem_bytes: int, stage_bytes: int = ATTN_STAGE_BYTE
 
 
 def attn_floats(G: int, D: int, threads: int, stages: int = ATTN_STAGES, stage_bytes: int = ATTN_STAGE_BYTES) -> int:
-    """Shared memory (floats) of an attention task: q | o | scores | P.V partials | (m, l, alpha) | KV stages
-    (mirror of amk_attn_smem in vm/csrc/ops_attention.cuh)."""
+    """Shared memory (floats) of an attention task: q | o | scores | P.V partials | (m, l, alpha) | KV stages, the
+    stages from a 128-byte boundary (mirror of amk_attn_smem in vm/csrc/ops_attention.cuh)."""
     rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
-    return (2 * _pad4(G * D) + _pad4(G * attn_keys(D, 2, stage_bytes)) + _pad4(rg * gb * D) + _pad4(3 * G)
-            + stages * stage_bytes // 4)
+    head = 2 * _pad4(G * D) + _pad4(G * attn_keys(D, 2, stage_bytes)) + _pad4(rg * gb * D) + _pad4(3 * G)
+    return (head + 31) // 32 * 32 + stages * stage_bytes // 4
 
 
 def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0,

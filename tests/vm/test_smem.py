@@ -21,11 +21,13 @@ def test_attention_smem_areas_by_hand():
     assert attn_keys(96, 2) == 84             # 85 fit: rounded down to a multiple of 4 (float4 probabilities)
     assert attn_keys(2048, 4) == 2            # fewer than 4 fit: kept as is (scalar P.V)
     # G=4, hd=64, 512 threads: q, o 2*256 | scores 4*128 | P.V partials 16 row groups * 4 heads * 64 |
-    # (m, l, alpha) pad4(12) | 2 stages * 8192 floats
-    assert attn_floats(4, 64, 512) == 512 + 512 + 4096 + 12 + 16384
+    # (m, l, alpha) pad4(12) = 5132 floats, rounded up to 32 floats (the stages' 128-byte boundary) | 2 stages * 8192
+    assert attn_floats(4, 64, 512) == 5152 + 16384
     # G=3, hd=10, 256 threads, 3 stages of 16 KB: q, o 2*pad4(30) | scores pad4(3*256) | rg min(32, 256//5)=32,
-    # 32*3*10 | pad4(9) | 3 * 4096
-    assert attn_floats(3, 10, 256, 3, 16384) == 64 + 768 + 960 + 12 + 12288
+    # 32*3*10 | pad4(9) = 1804 -> 1824 | 3 * 4096
+    assert attn_floats(3, 10, 256, 3, 16384) == 1824 + 12288
+    # G=3, hd=128 (llama-3.2-3b): 2*384 | 3*64 | 8*3*128 | 12 = 4044 floats -> 4064
+    assert attn_floats(3, 128, 512) == 4064 + 16384
 
 
 def test_kv_ahead_moves_the_stages_out_of_the_attention_area():

@@ -67,7 +67,10 @@ __host__ __device__ __forceinline__ int amk_attn_keys(int hd, int bytes) {
   const int k = AMK_ATTN_STAGE_BYTES / (2 * (hd > 0 ? hd : 1) * bytes);
   return k > AMK_ATTN_TILE ? AMK_ATTN_TILE : (k >= 4 ? k & ~3 : k);
 }
-// Offsets (floats) of the areas above; sc is sized for the smallest element type (2 bytes: the most keys).
+// Offsets (floats) of the areas above; sc is sized for the smallest element type (2 bytes: the most keys). The KV
+// stages start on a 128-byte boundary (the swizzle's unit; the areas before them end on 16 bytes): 16 bytes past
+// one (the old layout on llama-3.2-1b / 3b) measured 4.0% / 6.4% slower at ctx 32768 (H100, docs/PERF.md,
+// thirty-seventh session).
 struct AmkAttnSmem {
   int o, sc, red, st, kv, total;
 };
@@ -78,7 +81,7 @@ __host__ __device__ __forceinline__ AmkAttnSmem amk_attn_smem(int G, int D) {
   a.sc = a.o + amk_pad4(G * D);
   a.red = a.sc + amk_pad4(G * amk_attn_keys(D, 2));
   a.st = a.red + amk_pad4(amk_attn_rg(D) * GBm * D);
-  a.kv = a.st + amk_pad4(3 * G);
+  a.kv = (a.st + amk_pad4(3 * G) + 31) & ~31;  // (the op area itself starts 128-byte aligned)
   a.total = a.kv + AMK_ATTN_STAGES * (AMK_ATTN_STAGE_BYTES / 4);
   return a;
 }
