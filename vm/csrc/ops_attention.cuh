@@ -68,7 +68,7 @@ __host__ __device__ __forceinline__ int amk_attn_keys(int hd, int bytes) {
   return k > AMK_ATTN_TILE ? AMK_ATTN_TILE : (k >= 4 ? k & ~3 : k);
 }
 // Offsets (floats) of the areas above; sc is sized for the smallest element type (2 bytes: the most keys). The KV
-// stages start on a 128-byte boundary (the swizzle's unit; the areas before them end on 16 bytes): 16 bytes past
+// stages start on a 128-byte boundary (the swizzle's unit; the areas before them end on 16 bytes): 48 bytes past
 // one (the old layout on llama-3.2-1b / 3b) measured 4.0% / 6.4% slower at ctx 32768 (H100, docs/PERF.md,
 // thirty-seventh session).
 struct AmkAttnSmem {
