@@ -157,10 +157,7 @@ def qkv_rows(task) -> list[tuple[int, int]]:
     return [(a, a + pc), (a + hd // 2, a + hd // 2 + pc)]
 
 
-# ops that may issue the KV history of the attention task queued after them (early_kv 2)
-
-
-KV_AHEAD_ISSUERS = ("QKV_ROPE", "GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN")
+KV_AHEAD_ISSUERS = ("QKV_ROPE", "GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN")   # may issue the next task's KV
 
 
 def kv_ahead_issuer_ok(task) -> bool:

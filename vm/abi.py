@@ -44,7 +44,8 @@ STATUS_NAMES = {STATUS_OK: "ok", STATUS_BAD_OPCODE: "unknown opcode", STATUS_TIM
 INSTR_FLAG_STREAM = 1   # weights stream through the shared-memory ring (bulk copies); set only for sm_90+ builds
 INSTR_FLAG_PRELOAD = 2  # the whole weight tile is bulk-copied into the preload buffer before the task's wait (sm_90+)
 INSTR_FLAG_KV_AHEAD = 4  # the NEXT task of this queue is an attention task with early_kv 2: this task's non-waiting
-                         # threads issue that task's first KV history tiles before its own wait (vm/csrc/kv_ahead.cuh)
+                         # threads issue that task's first KV history tiles before its own wait (amk_kv_ahead,
+                         # vm/csrc/ops_attention_mma.cuh)
 
 # QKV_ROPE modes. RAW: the projected rows as they are (no QK-norm, no RoPE) into an fp32 activation laid out like q;
 # QK_NORM_ROPE finishes them (models with QK-norm whose QKV tasks are split below whole heads).
@@ -129,7 +130,7 @@ _OPS = [
     # softmax(q k^T * scale) v for the `group` q heads of one kv head over positions [lo, pos]. early_kv (a hint, no
     # effect on the result): 1 = the kernel issues the cache rows before pos before the task's wait (the lowering sets
     # it where the task's SM is idle before its inputs are ready); 2 = the task BEFORE it in its queue issues them,
-    # before that task's own wait (knob kv_ahead; the attention stages then sit at the top of shared memory)
+    # before that task's own wait (knob early_kv 'ahead'; the attention stages then sit at the top of shared memory)
     OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),
            ("kv_head", "group", "head_dim", "max_seq", "window", "early_kv"), ("scale",)),
     # split-KV partial: unnormalized (m, l, o[hd]) of one split of the positions

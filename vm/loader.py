@@ -296,9 +296,11 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                                       f"(AMK_ATTN_STAGE_BYTES)")
     # kv_ahead: every op area ends below the attention stage region at the top (128-byte aligned for the swizzle)
     region = kv_region_bytes(attn) if ahead else 0
-    need = [(-(-smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn, ahead) * 4 // 128) * 128
-             + region if ahead else smem_floats(t, threads, wbytes(t), spec.stage_bytes if spec.tma else 0, attn) * 4,
-             t) for t in program.tasks]
+
+    def area(t, stage_bytes: int) -> int:   # bytes from the op area's start to the end of what the task uses
+        n = smem_floats(t, threads, wbytes(t), stage_bytes, attn, ahead) * 4
+        return -(-n // 128) * 128 + region if ahead else n
+    need = [(area(t, spec.stage_bytes if spec.tma else 0), t) for t in program.tasks]
     op_smem = max([16 + region] + [n for n, _ in need])
     optin = int(getattr(props, "shared_memory_per_block_optin", 0) or program.target.smem_per_block)
     if op_smem + STATIC_SMEM_RESERVE > optin:
@@ -310,8 +312,7 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         if fit < spec.stages:
             spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)), **code)
             if not spec.tma:   # no ring after all: op area without stash terms
-                op_smem = max([16 + region] + [-(-smem_floats(t, threads, attn=attn, kv_top=ahead) * 4 // 128) * 128
-                                               + region for t in program.tasks])
+                op_smem = max([16 + region] + [area(t, 0) for t in program.tasks])
     return BuildChoice(spec, op_smem, optin, want, attn)
 
 

@@ -85,6 +85,23 @@ def test_fp32_cache_takes_the_exact_path():
     _check("g4-hd64", "f32", 3, [(3, S - 1), (40, 517)], seed=12)
 
 
+def _same_bits(g, prog, plain, vm_h, vm_p, seed: int, steps) -> None:
+    """vm_h (prog, hinted) and vm_p (plain) on the same random caches: bit-identical layer-0 attention outputs and
+    logits at every (token, pos) step, and both within the bf16 tolerances of the reference VM."""
+    ref = ReferenceVM(prog, g.weights, seed=1)
+    _fill_caches(prog, vm_h, ref, seed=seed)
+    _fill_caches(plain, vm_p, ref, seed=seed)
+    attn0 = prog.buffer("attn0").id
+    tol_attn, tol_logits = TOL["bf16"]
+    for tok, pos in steps:
+        want = ref.step(tok, pos)
+        got_h, got_p = vm_h.step(tok, pos).clone(), vm_p.step(tok, pos).clone()
+        assert torch.equal(vm_h.tensors[attn0], vm_p.tensors[attn0]), f"pos {pos}: attention output differs"
+        assert torch.equal(got_h, got_p), f"pos {pos}: logits differ"
+        assert rel_err(vm_h.tensors[attn0], ref.buf(attn0)) <= tol_attn, f"pos {pos}: attention vs reference"
+        assert rel_err(got_h, want) <= tol_logits, f"pos {pos}: logits vs reference"
+
+
 @pytest.mark.parametrize("name", ["g4-hd64", "g8-hd64-window", "g3-hd128"])
 def test_early_kv_hint_gives_the_same_bits(name):
     """Attention tasks with the early_kv hint (their KV history rows copied before the wait: amk_attn_early in
@@ -103,18 +120,7 @@ def test_early_kv_hint_gives_the_same_bits(name):
     assert not any(t.params.get("early_kv") for t in plain.tasks) and validate(prog).ok
     vm_h, vm_p = MegakernelVM(prog, g.weights), MegakernelVM(plain, g.weights)
     assert vm_h.spec.attn_early and not vm_p.spec.attn_early
-    ref = ReferenceVM(prog, g.weights, seed=1)
-    _fill_caches(prog, vm_h, ref, seed=13)
-    _fill_caches(prog, vm_p, ref, seed=13)
-    attn0 = prog.buffer("attn0").id
-    tol_attn, tol_logits = TOL["bf16"]
-    for tok, pos in [(3, S - 1), (40, 517), (7, 130), (9, 5), (2, 0)]:
-        want = ref.step(tok, pos)
-        got_h, got_p = vm_h.step(tok, pos).clone(), vm_p.step(tok, pos).clone()
-        assert torch.equal(vm_h.tensors[attn0], vm_p.tensors[attn0]), f"pos {pos}: attention output differs"
-        assert torch.equal(got_h, got_p), f"pos {pos}: logits differ"
-        assert rel_err(vm_h.tensors[attn0], ref.buf(attn0)) <= tol_attn, f"pos {pos}: attention vs reference"
-        assert rel_err(got_h, want) <= tol_logits, f"pos {pos}: logits vs reference"
+    _same_bits(g, prog, plain, vm_h, vm_p, 13, [(3, S - 1), (40, 517), (7, 130), (9, 5), (2, 0)])
 
 
 @pytest.mark.parametrize("name", ["g4-hd64", "g8-hd64-window", "g3-hd128", "g9-hd64"])
@@ -137,15 +143,4 @@ def test_kv_ahead_gives_the_same_bits(name, splits):
     vm_h, vm_p = MegakernelVM(prog, g.weights), MegakernelVM(plain, g.weights)
     assert vm_h.spec.kv_ahead and not vm_p.spec.kv_ahead
     assert vm_h.smem_bytes >= vm_p.smem_bytes    # (the stage region sits above every op area)
-    ref = ReferenceVM(prog, g.weights, seed=1)
-    _fill_caches(prog, vm_h, ref, seed=17)
-    _fill_caches(prog, vm_p, ref, seed=17)
-    attn0 = prog.buffer("attn0").id
-    tol_attn, tol_logits = TOL["bf16"]
-    for tok, pos in [(3, S - 1), (40, 517), (7, 130), (9, 5), (2, 0), (5, 777)]:
-        want = ref.step(tok, pos)
-        got_h, got_p = vm_h.step(tok, pos).clone(), vm_p.step(tok, pos).clone()
-        assert torch.equal(vm_h.tensors[attn0], vm_p.tensors[attn0]), f"pos {pos}: attention output differs"
-        assert torch.equal(got_h, got_p), f"pos {pos}: logits differ"
-        assert rel_err(vm_h.tensors[attn0], ref.buf(attn0)) <= tol_attn, f"pos {pos}: attention vs reference"
-        assert rel_err(got_h, want) <= tol_logits, f"pos {pos}: logits vs reference"
+    _same_bits(g, prog, plain, vm_h, vm_p, 17, [(3, S - 1), (40, 517), (7, 130), (9, 5), (2, 0), (5, 777)])

@@ -395,13 +395,12 @@ __device__ __noinline__ void amk_attn_early(const AmkCtx& c, int t_first) {
 #if AMK_KV_AHEAD
 __device__ __noinline__ void amk_kv_ahead(const AmkParams& p, int qpos, int t_first) {
   const AmkInstr& in = p.instrs[__ldg(p.queue_items + qpos)];
-  const int op = __ldg(&in.op);
+  if (amk_attn_early_value(in) != 2) return;  // (0 for any op but attention: the loader flags only early_kv 2)
   const AmkBufDesc kd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_K_CACHE])];
   const AmkBufDesc vd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_V_CACHE])];
   const AmkBufDesc pd = p.bufs[__ldg(&in.buf[AMK_ATTN_DECODE_IN_POS])];
   const AmkAttnRange r = amk_attn_range_of(in, amk_io_value(p, (const int*)(uintptr_t)pd.ptr),
-                                           op == AMK_OP_ATTN_PARTIAL);
-  if ((op != AMK_OP_ATTN_PARTIAL && op != AMK_OP_ATTN_DECODE) || amk_attn_early_value(in) != 2) return;
+                                           __ldg(&in.op) == AMK_OP_ATTN_PARTIAL);
   amk_attn_issue_history(r, kd.dtype, (const char*)(uintptr_t)kd.ptr, (const char*)(uintptr_t)vd.ptr,
                          amk_attn_kv_top(p), t_first);
 }
