@@ -96,6 +96,13 @@ KNOBS: tuple[Knob, ...] = (
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
              "then reads all partials); ATTN_MERGE tasks stay where the partials do not fit the o_proj task's "
              "shared memory. Off by default: equal or slower on an H100 (docs/PERF.md, ninth session)"),
+    Knob("fold_qk_norm", bool, True, choices=(True, False),
+         doc="QK-norm models (Qwen3) whose QKV tasks are split below whole heads: the attention tasks finish the "
+             "RAW q rows themselves (QK-norm + RoPE of their group's G heads) and the task whose keys end at pos "
+             "finishes the group's new K row into the cache, instead of one QK_NORM_ROPE task per KV group between "
+             "the QKV tiles and attention (one dependent hop fewer per layer; the same bits). No effect on other "
+             "models. qwen3-0.6b on an H100: ctx 512 -2.4% (both code layouts faster), ctx 8192 +0.4% (one layout, "
+             "noise level) (docs/PERF.md, thirty-eighth session)"),
     Knob("o_proj_by_group", bool, False, choices=(False, True),
          doc="o_proj split by KV group (split-K): each o_proj task merges only its KV group's split-KV partials "
              "and adds W_o[rows, group's columns] . merged into the layer's residual stream x in place (atomic fp32 "

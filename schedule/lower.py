@@ -41,7 +41,7 @@ from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError,
                          ScheduleConfig, Task, Wait)
 from schedule.ops import estimate, kv_ahead_issuer_ok
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
-from vm.smem import _pad4, merged_x_floats
+from vm.smem import _pad4, attn_fold_fits, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
 EARLY_KV_OPS = tuple(n for n, spec in OPCODES.items() if "early_kv" in spec.iparams)   # ops with the hint
@@ -65,6 +65,10 @@ class _Builder:
         """Whether an o_proj GEMV with these merge params (x_splits, x_group, x_head_dim) fits shared memory with x
         and its staged residual rows (vm/smem.py: the GEMV area)."""
         return 4 * (_pad4(k) + _pad4(rows) + _pad4(merged_x_floats({**merge, "k": k}))) <= self.smem_per_block
+
+    def attn_fold_fits(self, G: int, hd: int) -> bool:
+        """Whether an attention task of this geometry can fold the QK-norm (vm/smem.py, default KV stages)."""
+        return attn_fold_fits(G, hd, 32 * self.warps)
 
     def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
         b = Buffer(len(self.buffers), name, kind, dtype, tuple(shape), source, space, data)
@@ -304,13 +308,23 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     raw = bool(qkn) and hs > 1
     q_raw = b.act(f"q_raw{l}", c.n_heads * hd) if raw else None
     k_raw = b.act(f"k_raw{l}", nkv * hd) if raw else None
+    # fold_qk_norm: the attention tasks finish the RAW rows themselves (no QK_NORM_ROPE hop); the task whose keys
+    # end at pos (the last split) writes the group's new K row
+    fold = raw and cfg.fold_qk_norm and b.attn_fold_fits(G, hd)
 
     def _attention(kvh: int, c_qk: int) -> int | None:
         """One KV group's attention tasks; the counter its ATTN_MERGE waits on (None: no merge task)."""
         ap = {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "window": window, "scale": scale}
         ains = [q, kc, vc, io["pos"]]
+
+        def folded(ins: list[int], outs: list[int], params: dict, last: bool) -> tuple[list[int], list[int], dict]:
+            if not fold:
+                return ins, outs, params
+            ins = [q_raw] + ins[1:] + [qkn["q"], io["inv_freq"]] + ([k_raw, qkn["k"]] if last else [])
+            return ins, outs + ([kc] if last else []), {**params, "qk_norm": 1, "append_k": int(last),
+                                                        "qk_eps": c.rms_eps}
         if splits == 1 and not by_group:
-            b.task("ATTN_DECODE", ains, [attn], ap, [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
+            b.task("ATTN_DECODE", *folded(ains, [attn], ap, True), [c_qk], c_attn, f"L{l}.attn[g{kvh}]")
             return None
         # fused merge: every partial signals the layer's attention counter; o_proj waits for all of them (by
         # group: its own group's)
@@ -318,7 +332,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         if by_group:
             c_groups.append(c_part)
         for sp in range(splits):
-            b.task("ATTN_PARTIAL", ains, [partial], {**ap, "split": sp, "n_splits": splits},
+            b.task("ATTN_PARTIAL", *folded(ains, [partial], {**ap, "split": sp, "n_splits": splits}, sp == splits - 1),
                    [c_qk], c_part, f"L{l}.attn[g{kvh}.s{sp}]")
         return None if merge or by_group else c_part
 
@@ -353,7 +367,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
                         "has_qknorm": int(has_qkn), "pair_start": ps, "pair_count": pc, "eps": c.rms_eps,
                         "qk_eps": c.rms_eps},
                        [cin], c_qkv, f"L{l}.{m}[{h0}:{h0 + hn}]" + (f".p{ps}" if pc else ""))
-        if raw:   # attention then waits for the finished q and K row (V is ordered through c_qkv -> c_qk)
+        if raw and not fold:   # attention then waits for the finished q and K row (V: through c_qkv -> c_qk)
             c_qk = b.counter(f"qk{l}.g{kvh}")
             b.task("QK_NORM_ROPE", [q_raw, k_raw, io["pos"], io["inv_freq"], qkn["q"], qkn["k"]], [q, kc],
                    {"kv_head": kvh, "group": G, "head_dim": hd, "max_seq": S, "eps": c.rms_eps}, [c_qkv], c_qk,

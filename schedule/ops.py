@@ -90,9 +90,19 @@ def accesses(task, numel) -> list[Access]:
             rng("dst", a, b, True)
     elif op in ("ATTN_DECODE", "ATTN_PARTIAL"):
         g, G, hd = _p(task, "kv_head"), _p(task, "group"), _p(task, "head_dim")
-        rng("q", g * G * hd, (g + 1) * G * hd)
-        rng("k_cache", g * hd, (g + 1) * hd)    # (head, column) coordinates: all positions of head g
+        rng("q", g * G * hd, (g + 1) * G * hd)   # (qk_norm: the RAW q rows, finished by the task itself)
+        # cache accesses in (head, column) coordinates of the row at pos (the history rows are not this step's)
+        if "k_out" in s:   # append_k: the task finishes that K row itself, then reads it
+            rng("k_raw", g * hd, (g + 1) * hd)
+            whole("k_norm_w")
+            rng("k_out", g * hd, (g + 1) * hd, True)
+        elif not int(task.params.get("qk_norm", 0)):
+            rng("k_cache", g * hd, (g + 1) * hd)
+        # (a folded task without append_k reads only K rows before pos: its keys end before pos)
         rng("v_cache", g * hd, (g + 1) * hd)
+        for opt in ("q_norm_w", "inv_freq"):
+            if opt in s:
+                whole(opt)
         whole("pos")
         if op == "ATTN_DECODE":
             rng("out", g * G * hd, (g + 1) * G * hd, True)

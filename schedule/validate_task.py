@@ -22,7 +22,8 @@ DEFAULTED_IPARAMS = ({"window", "pair_start", "pair_count", "x_splits", "x_group
 # fparams needed only when a flag is set.
 CONDITIONAL_FPARAMS = {("GEMV", "eps"): "has_norm", ("GEMV_SILU_MUL", "eps"): "has_norm",
                        ("GEMV_SILU_MUL_DOWN", "eps"): "has_norm",
-                       ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm"}
+                       ("QKV_ROPE", "eps"): "has_norm", ("QKV_ROPE", "qk_eps"): "has_qknorm",
+                       ("ATTN_DECODE", "qk_eps"): "qk_norm", ("ATTN_PARTIAL", "qk_eps"): "qk_norm"}
 
 
 def _is_int(x) -> bool:
@@ -167,6 +168,30 @@ class TaskChecks:
                     self._psplits.setdefault(t.outputs[0], set()).add(t.params.get("n_splits"))
         return self._psplits
 
+    def _check_attn_qk_norm(self, op: str, P: dict, s: dict, shape, numel, need) -> None:
+        """An attention task's folded QK-norm (qk_norm / append_k): its q slot holds RAW rows, and exactly the task
+        whose keys end at pos (ATTN_DECODE, or the last split: the kernel's split bounds always give it pos) finishes
+        the new K row into the k_cache buffer -- any other choice would read a K row nobody wrote."""
+        qkn, appk = int(P.get("qk_norm", 0)), int(P.get("append_k", 0))
+        need(qkn in (0, 1) and appk in (0, 1), "qk_norm / append_k must be 0 or 1")
+        if not qkn:
+            need(not appk, "append_k (finish the new K row) needs qk_norm")
+            return
+        g, G, hd = P["kv_head"], P["group"], P["head_dim"]
+        last = op == "ATTN_DECODE" or P["split"] == P["n_splits"] - 1
+        need(bool(appk) == last, f"with qk_norm, append_k must be 1 exactly on the task whose keys end at pos (the "
+                                 f"last split, or ATTN_DECODE): split {P.get('split', 0)} of {P.get('n_splits', 1)}"
+                                 f" has append_k {appk}")
+        need(hd >= 2 and hd % 2 == 0, f"head_dim {hd} must be even for RoPE")
+        need(self.kinds[s["q"]] == BufferKind.ACTIVATION, "with qk_norm, q must be the RAW q rows (an ACTIVATION)")
+        need(numel("q_norm_w") == hd and numel("inv_freq") == hd // 2, "q_norm_w size != head_dim or inv_freq size "
+                                                                       "!= head_dim/2")
+        if appk:
+            need(s.get("k_out") == s["k_cache"], "k_out must be the task's k_cache buffer")
+            need(self.kinds[s["k_raw"]] == BufferKind.ACTIVATION and numel("k_raw") >= (g + 1) * hd,
+                 f"k_raw must be an ACTIVATION of at least (kv_head+1)*head_dim = {(g + 1) * hd} elements")
+            need(numel("k_norm_w") == hd, "k_norm_w size != head_dim")
+
     def _check_shapes(self, i: int, t: Task, slots: list[str]) -> bool:
         """What each op assumes about its buffers beyond bounds (the reference VM reshapes by these)."""
         P, s = t.params, dict(zip(slots + OPCODES[t.op].output_slots(t.params), t.inputs + t.outputs))
@@ -310,6 +335,8 @@ class TaskChecks:
                      f"head_dim + 2] blocks ({numel('partial')} elements, block {row})")
             if op == "ATTN_PARTIAL":
                 need(0 <= P["split"] < P["n_splits"], f"split {P['split']} outside [0, n_splits)")
+            if op != "ATTN_MERGE":
+                self._check_attn_qk_norm(op, P, s, shape, numel, need)
         elif op == "ARGMAX":
             need(P["n"] >= 1, "n must be >= 1")
         elif op == "L2_PREFETCH":   # the SM sleeps that long without polling the abort flag: keep it short

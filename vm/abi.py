@@ -18,11 +18,11 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
-MAX_BUFS = 8
+MAX_BUFS = 10
 MAX_IPARAMS = 16
 MAX_FPARAMS = 4
 MAX_PREFETCH = 2
@@ -91,6 +91,10 @@ class OpSpec:
         return len(self.outputs) + len(self.optional_outputs)
 
 
+# The attention ops' folded QK-norm (qk_norm / append_k below): optional slots after the required ones
+_ATTN_QK_IN = (("q_norm_w", "qk_norm"), ("inv_freq", "qk_norm"), ("k_raw", "append_k"), ("k_norm_w", "append_k"))
+_ATTN_QK_OUT = (("k_out", "append_k"),)
+
 _OPS = [
     # x[col_start:col_start+col_count] = table[token[0], same cols]
     OpSpec("EMBED", 1, "embed", ("table", "token"), ("x",), ("col_start", "col_count", "vocab", "hidden")),
@@ -131,11 +135,18 @@ _OPS = [
     # effect on the result): 1 = the kernel issues the cache rows before pos before the task's wait (the lowering sets
     # it where the task's SM is idle before its inputs are ready); 2 = the task BEFORE it in its queue issues them,
     # before that task's own wait (knob early_kv 'ahead'; the attention stages then sit at the top of shared memory)
+    # qk_norm (QK-norm models whose QKV tasks write RAW rows; knob fold_qk_norm): `q` holds the group's RAW q rows,
+    # and the task itself first applies QK_NORM_ROPE's math to them: q = rope(rmsnorm(q_raw) * q_norm_w) (eps
+    # qk_eps). append_k (with qk_norm, on exactly the task whose keys end at pos: ATTN_DECODE, or the last split):
+    # the task also finishes the new K row, k_out[kv_head, pos] = rope(rmsnorm(k_raw[kv_head]) * k_norm_w) -- k_out
+    # is the k_cache buffer -- before it reads the row at pos. No QK_NORM_ROPE hop remains.
     OpSpec("ATTN_DECODE", 6, "attention", ("q", "k_cache", "v_cache", "pos"), ("out",),
-           ("kv_head", "group", "head_dim", "max_seq", "window", "early_kv"), ("scale",)),
+           ("kv_head", "group", "head_dim", "max_seq", "window", "early_kv", "qk_norm", "append_k"),
+           ("scale", "qk_eps"), _ATTN_QK_IN, _ATTN_QK_OUT),
     # split-KV partial: unnormalized (m, l, o[hd]) of one split of the positions
     OpSpec("ATTN_PARTIAL", 7, "attention", ("q", "k_cache", "v_cache", "pos"), ("partial",),
-           ("kv_head", "group", "head_dim", "max_seq", "window", "split", "n_splits", "early_kv"), ("scale",)),
+           ("kv_head", "group", "head_dim", "max_seq", "window", "split", "n_splits", "early_kv", "qk_norm",
+            "append_k"), ("scale", "qk_eps"), _ATTN_QK_IN, _ATTN_QK_OUT),
     # online-softmax merge of the n_splits partials of one kv head
     OpSpec("ATTN_MERGE", 8, "attention", ("partial",), ("out",), ("kv_head", "group", "head_dim", "n_splits")),
     # y[start:start+count] = a + b

@@ -34,7 +34,7 @@ import numpy as np
 from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight
 from schedule.ops import accesses, is_dyn, kv_ahead_issuer_ok, weight_ranges
 from vm import abi
-from vm.smem import STREAM_OPS, _pad4, attn_keys, kv_region_bytes, smem_floats
+from vm.smem import STREAM_OPS, _pad4, attn_fold_fits, attn_keys, kv_region_bytes, smem_floats
 
 KIND_CODES = {k: abi.KIND_CODES[k.value] for k in BufferKind}
 STATUS_LEN = 8                 # AMK_STATUS_LEN: report words + abort flag + exit count
@@ -294,6 +294,12 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
                 raise MegakernelError(f"task {t.id} ({t.op}): one key's K and V rows ({2 * int(t.params['head_dim']) * eb} "
                                       f"B) do not fit an attention stage of {spec.attn_stage_bytes} B "
                                       f"(AMK_ATTN_STAGE_BYTES)")
+            G, hd = int(t.params["group"]), int(t.params["head_dim"])
+            if int(t.params.get("qk_norm", 0)) and not attn_fold_fits(G, hd, threads, spec.attn_stage_bytes):
+                raise MegakernelError(f"task {t.id} ({t.op}): its folded QK-norm's scratch (3.5 x head_dim = "
+                                      f"{7 * hd // 2} floats) does not fit between the score area and the KV stages "
+                                      f"(group {G}, {threads} threads, stages of {spec.attn_stage_bytes} B); lower "
+                                      f"with fold_qk_norm false")
     # kv_ahead: every op area ends below the attention stage region at the top (128-byte aligned for the swizzle)
     region = kv_region_bytes(attn) if ahead else 0
 

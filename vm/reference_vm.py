@@ -224,10 +224,28 @@ def _attn_range(vm, t, s) -> tuple[int, int]:
     return (max(0, L - w) if w > 0 else 0), L
 
 
-def _attn_scores(vm, t, s, lo, hi):
+def _attn_q(vm, t, s) -> torch.Tensor:
+    """The group's q rows [G, hd]: the q buffer's, or (qk_norm) finished from the RAW rows it holds with
+    QK_NORM_ROPE's math -- and with append_k the group's K row at pos too, into the cache (k_out), before any read
+    of that row (the task whose keys end at pos)."""
     p = t.params
     g, G, hd = int(p["kv_head"]), int(p["group"]), int(p["head_dim"])
     q = vm.buf(s["q"])[g * G * hd:(g + 1) * G * hd].view(G, hd)
+    if not int(p.get("qk_norm", 0)):
+        return q
+    pos, eps, inv = int(vm.buf(s["pos"])[0]), float(p["qk_eps"]), vm.buf(s["inv_freq"])
+    if not 0 <= pos < int(p["max_seq"]):
+        raise VMError(f"task {t.id} {t.op}: position {pos} outside the KV cache [0, {p['max_seq']})")
+    if int(p.get("append_k", 0)):
+        k = vm.buf(s["k_raw"])[g * hd:(g + 1) * hd].float().view(1, hd)
+        kc = vm.buf(s["k_out"])
+        kc[g, pos, :] = _rope(_qk_norm(k, vm.buf(s["k_norm_w"]), eps), pos, inv)[0].to(kc.dtype)
+    return _rope(_qk_norm(q.float(), vm.buf(s["q_norm_w"]), eps), pos, inv)
+
+
+def _attn_scores(vm, t, s, lo, hi, q):
+    p = t.params
+    g = int(p["kv_head"])
     k = vm.buf(s["k_cache"])[g, lo:hi].float()                    # [n, hd]
     v = vm.buf(s["v_cache"])[g, lo:hi].float()
     return (q @ k.T) * float(p["scale"]), v                        # [G, n], [n, hd]
@@ -237,7 +255,7 @@ def op_attn_decode(vm, t):
     s = slot_map(t)
     g, G, hd = int(t.params["kv_head"]), int(t.params["group"]), int(t.params["head_dim"])
     lo, hi = _attn_range(vm, t, s)
-    sc, v = _attn_scores(vm, t, s, lo, hi)
+    sc, v = _attn_scores(vm, t, s, lo, hi, _attn_q(vm, t, s))
     vm.buf(s["out"])[g * G * hd:(g + 1) * G * hd] = (torch.softmax(sc, -1) @ v).reshape(-1)
 
 
@@ -249,10 +267,11 @@ def op_attn_partial(vm, t):
     n = hi - lo
     a, b = lo + (n * sp) // ns, lo + (n * (sp + 1)) // ns
     part = vm.buf(s["partial"]).view(-1, ns, G, hd + 2)[g, sp]    # [G, hd+2] = (m, l, o[hd])
+    q = _attn_q(vm, t, s)
     if b <= a:
         part[:, 0], part[:, 1], part[:, 2:] = -math.inf, 0.0, 0.0
         return
-    sc, v = _attn_scores(vm, t, s, a, b)
+    sc, v = _attn_scores(vm, t, s, a, b, q)
     m = sc.max(-1).values
     e = torch.exp(sc - m[:, None])
     part[:, 0], part[:, 1], part[:, 2:] = m, e.sum(-1), e @ v

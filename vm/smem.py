@@ -70,12 +70,28 @@ def attn_keys(head_dim: int, elem_bytes: int, stage_bytes: int = ATTN_STAGE_BYTE
     return min(ATTN_TILE, k & ~3 if k >= 4 else k)
 
 
+def attn_areas(G: int, D: int, threads: int, stage_bytes: int = ATTN_STAGE_BYTES) -> dict[str, int]:
+    """Offsets (floats) of an attention task's areas: q at 0 | o | sc (scores) | red (P.V partials) | st (m, l,
+    alpha) | kv (the KV stages, from a 128-byte boundary) -- mirror of amk_attn_smem in vm/csrc/ops_attention.cuh."""
+    rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
+    o = _pad4(G * D)
+    sc = o + _pad4(G * D)
+    red = sc + _pad4(G * attn_keys(D, 2, stage_bytes))
+    st = red + _pad4(rg * gb * D)
+    return {"o": o, "sc": sc, "red": red, "st": st, "kv": (st + _pad4(3 * G) + 31) // 32 * 32}
+
+
 def attn_floats(G: int, D: int, threads: int, stages: int = ATTN_STAGES, stage_bytes: int = ATTN_STAGE_BYTES) -> int:
     """Shared memory (floats) of an attention task: q | o | scores | P.V partials | (m, l, alpha) | KV stages, the
     stages from a 128-byte boundary (mirror of amk_attn_smem in vm/csrc/ops_attention.cuh)."""
-    rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
-    head = 2 * _pad4(G * D) + _pad4(G * attn_keys(D, 2, stage_bytes)) + _pad4(rg * gb * D) + _pad4(3 * G)
-    return (head + 31) // 32 * 32 + stages * stage_bytes // 4
+    return attn_areas(G, D, threads, stage_bytes)["kv"] + stages * stage_bytes // 4
+
+
+def attn_fold_fits(G: int, D: int, threads: int, stage_bytes: int = ATTN_STAGE_BYTES) -> bool:
+    """Whether an attention task's folded QK-norm (qk_norm) has its scratch -- the RAW K row, both norm weights and
+    inv_freq, 3.5 * D floats -- between the score area and the KV stages (mirror of amk_attn_fold_fits)."""
+    a = attn_areas(G, D, threads, stage_bytes)
+    return D >= 2 and D % 2 == 0 and a["kv"] - a["sc"] >= 3 * D + D // 2
 
 
 def smem_floats(task, threads: int, weight_bytes: int = 4, stage_bytes: int = 0,

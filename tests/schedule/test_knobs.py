@@ -386,7 +386,20 @@ REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns":
             "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
-WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B}
+# ... and knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
+_QWEN06 = load_model("qwen3-0.6b", dtype="bf16", device="meta")
+WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B,
+        "fold_qk_norm": _QWEN06}
+
+
+def _check_fold_qk_norm(p, v):
+    """Off (the default folds): one QK_NORM_ROPE task per KV group and layer between the QKV tiles and attention,
+    and no attention task finishes q or K rows itself."""
+    c = _QWEN06.config
+    assert v is False and _count(p, "QK_NORM_ROPE") == c.n_layers * c.n_kv_heads
+    att = [t for t in p.tasks if t.op in ("ATTN_DECODE", "ATTN_PARTIAL")]
+    assert att and not any(t.params.get("qk_norm", 0) or t.params.get("append_k", 0) for t in att)
+
 
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
@@ -398,7 +411,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "dyn_mlp_static": _check_dyn_mlp_static,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
-              "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down}
+              "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down,
+              "fold_qk_norm": _check_fold_qk_norm}
 
 
 def test_every_knob_has_an_alternative_value():

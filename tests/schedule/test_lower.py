@@ -110,12 +110,13 @@ def test_attention_estimate_counts_its_split_of_the_cache(splits):
 
 @pytest.mark.parametrize("split", [2, 4])
 def test_qk_norm_head_split_lowers_to_raw_rows_and_qk_norm_tasks(split):
-    """qwen3 (QK-norm) with qkv_head_split > 1: the q / k tasks write RAW rows (no QK-norm, no RoPE) into q_raw /
-    k_raw, one QK_NORM_ROPE task per KV group finishes q and the K cache row, and attention waits for it."""
+    """qwen3 (QK-norm) with qkv_head_split > 1 and fold_qk_norm off: the q / k tasks write RAW rows (no QK-norm,
+    no RoPE) into q_raw / k_raw, one QK_NORM_ROPE task per KV group finishes q and the K cache row, and attention
+    waits for it."""
     from vm.abi import QKV_MODE_RAW, QKV_MODE_V
     g = small_graph("qwen3")   # 2 layers, 6 heads / 2 kv, head_dim 16
     c = g.config
-    p = lower(g, TARGETS["h100"], {"qkv_head_split": split, "attn_splits": 2}, max_seq=32)
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": split, "attn_splits": 2, "fold_qk_norm": False}, max_seq=32)
     assert validate(p).ok
     qkv = [t for t in p.tasks if t.op == "QKV_ROPE"]
     assert len(qkv) == c.n_layers * (c.n_heads + 2 * c.n_kv_heads) * split
@@ -133,6 +134,43 @@ def test_qk_norm_head_split_lowers_to_raw_rows_and_qk_norm_tasks(split):
     whole = lower(g, TARGETS["h100"], {"qkv_head_split": 1}, max_seq=32)   # whole heads: QK-norm in the QKV tiles
     assert _ops(whole).get("QK_NORM_ROPE", 0) == 0
     assert all(t.params["has_qknorm"] == (t.params["mode"] != QKV_MODE_V) for t in whole.tasks if t.op == "QKV_ROPE")
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fold_qk_norm_removes_the_qk_norm_tasks(splits):
+    """fold_qk_norm (the default) on qwen3 with split QKV heads: no QK_NORM_ROPE task; every attention task reads its group's RAW
+    q rows, the norm weight and inv_freq and waits for the group's QKV tiles itself; only the task whose keys end at
+    pos (ATTN_DECODE, or the last split) also reads the RAW K row and writes the K cache. Models without QK-norm,
+    and whole-head QKV tiles, lower exactly as without the knob."""
+    g = small_graph("qwen3")   # 2 layers, 6 heads / 2 kv, head_dim 16
+    c = g.config
+    cfg = {"qkv_head_split": 2, "attn_splits": splits}
+    p = lower(g, TARGETS["h100"], {**cfg, "fold_qk_norm": True}, max_seq=32)
+    assert validate(p).ok and _ops(p).get("QK_NORM_ROPE", 0) == 0
+    base = lower(g, TARGETS["h100"], {**cfg, "fold_qk_norm": False}, max_seq=32)
+    assert _ops(base)["QK_NORM_ROPE"] == c.n_layers * c.n_kv_heads
+    assert [t.params for t in lower(g, TARGETS["h100"], cfg, max_seq=32).tasks] == [t.params for t in p.tasks]
+    assert len(p.tasks) == len(base.tasks) - c.n_layers * c.n_kv_heads
+    name = lambda b: p.buffers[b].name  # noqa: E731
+    att = [t for t in p.tasks if t.op in ("ATTN_DECODE", "ATTN_PARTIAL")]
+    assert len(att) == c.n_layers * c.n_kv_heads * splits
+    for t in att:
+        l, g_ = int(t.label[1]), t.params["kv_head"]
+        last = t.op == "ATTN_DECODE" or t.params["split"] == splits - 1
+        assert t.params["qk_norm"] == 1 and t.params["append_k"] == int(last) and t.params["qk_eps"] == c.rms_eps
+        assert [p.counters[w.counter].name for w in t.waits] == [f"qkv{l}.g{g_}"]
+        assert name(t.inputs[0]) == f"q_raw{l}" and name(t.inputs[4]).endswith("q_norm.weight")
+        if last:
+            assert name(t.inputs[6]) == f"k_raw{l}" and name(t.inputs[7]).endswith("k_norm.weight")
+            assert t.outputs[1] == t.inputs[1] and name(t.outputs[1]) == f"k_cache{l}"
+        else:
+            assert len(t.inputs) == 6 and len(t.outputs) == 1
+    for other in (small_graph("llama-untied"), g):   # no QK-norm / whole heads: the knob changes nothing
+        c2 = {"qkv_head_split": 2 if other is not g else 1, "attn_splits": splits}
+        a = lower(other, TARGETS["h100"], {**c2, "fold_qk_norm": False}, max_seq=32)
+        b = lower(other, TARGETS["h100"], {**c2, "fold_qk_norm": True}, max_seq=32)
+        assert [(t.op, t.inputs, t.outputs, t.params) for t in a.tasks] == \
+            [(t.op, t.inputs, t.outputs, t.params) for t in b.tasks]
 
 
 def test_list_idle_puts_attention_on_the_sms_qkv_leaves_idle():

@@ -434,26 +434,60 @@ def test_qk_norm_rope_shapes_and_raw_mode_are_checked():
     from schedule.lower import lower
     from tests.conftest import small_graph
     g = small_graph("qwen3")
-    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2, "fold_qk_norm": False}, max_seq=16)
     assert validate(p).ok
     raw = next(t for t in p.tasks if t.op == "QKV_ROPE" and t.params["mode"] == 3)
     raw.params["has_qknorm"] = 1
     raw.inputs.append(next(b.id for b in p.buffers if b.name.endswith("q_norm.weight")))
     rejected(p, f"task {raw.id} (QKV_ROPE", "mode RAW writes unnormalised rows")
-    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2, "fold_qk_norm": False}, max_seq=16)
     qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
     qkn.inputs[1] = qkn.inputs[0]   # q_raw (6 heads) where k_raw (2 heads) belongs
     rejected(p, f"task {qkn.id} (QK_NORM_ROPE", "k_raw has 96 elements, want n_kv*head_dim = 32")
-    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2, "fold_qk_norm": False}, max_seq=16)
     qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
     qkn.inputs[0] = next(b.id for b in p.buffers if b.name.endswith("q_proj.weight"))   # a bf16-able WEIGHT as q_raw
     rejected(p, f"task {qkn.id} (QK_NORM_ROPE", "q_raw, k_raw and q must be ACTIVATION buffers")
-    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2}, max_seq=16)
+    p = lower(g, TARGETS["h100"], {"qkv_head_split": 2, "fold_qk_norm": False}, max_seq=16)
     qkn = next(t for t in p.tasks if t.op == "QK_NORM_ROPE")
     attn = next(t for t in p.tasks if t.op.startswith("ATTN_") and t.waits and t.waits[0].counter == qkn.out_counter
                 and t.sm != qkn.sm)
     attn.waits = []   # attention on another SM no longer ordered after the task that writes its K row
     rejected(p, f"task {attn.id} (ATTN_", "k_cache0")
+
+
+def test_folded_qk_norm_is_checked():
+    """fold_qk_norm: exactly the attention task whose keys end at pos (the last split) finishes the K row (append_k),
+    into its own k_cache buffer; a K row finished by another split, or by nobody, another buffer as k_out, and slots
+    that do not match the flags are rejected naming the task."""
+    from schedule.lower import lower
+    from tests.conftest import small_graph
+    g = small_graph("qwen3")
+    cfg = {"qkv_head_split": 2, "attn_splits": 3, "fold_qk_norm": True}
+
+    def prog():
+        p = lower(g, TARGETS["h100"], cfg, max_seq=16)
+        assert validate(p).ok
+        return p, [t for t in p.tasks if t.op == "ATTN_PARTIAL" and t.label.startswith("L0.attn[g0.")]
+    p, (s0, s1, s2) = prog()
+    assert [t.params["append_k"] for t in (s0, s1, s2)] == [0, 0, 1] and not any(t.op == "QK_NORM_ROPE"
+                                                                             for t in p.tasks)
+    s2.params["append_k"] = 0   # nobody finishes the K row: the slots no longer match either
+    s2.inputs, s2.outputs = s2.inputs[:6], s2.outputs[:1]
+    rejected(p, f"task {s2.id} (ATTN_PARTIAL", "append_k must be 1 exactly on the task whose keys end at pos")
+    p, (s0, s1, s2) = prog()
+    s0.params["append_k"] = 1   # the first split finishing it (its keys never reach pos)
+    s0.inputs, s0.outputs = s0.inputs + s2.inputs[6:], s0.outputs + s2.outputs[1:]
+    rejected(p, f"task {s0.id} (ATTN_PARTIAL", "split 0 of 3 has append_k 1")
+    p, (s0, s1, s2) = prog()
+    s2.outputs[1] = s2.inputs[2]   # the V cache as k_out
+    rejected(p, f"task {s2.id} (ATTN_PARTIAL", "k_out must be the task's k_cache buffer")
+    p, (s0, s1, s2) = prog()
+    s1.params["append_k"] = 1
+    rejected(p, f"task {s1.id} (ATTN_PARTIAL", "with these flags takes")   # the arity names the missing slots
+    p, (s0, s1, s2) = prog()
+    s2.params["qk_norm"] = 0   # append_k without qk_norm
+    rejected(p, f"task {s2.id} (ATTN_PARTIAL", "with these flags takes")
 
 
 def test_early_kv_hint_must_be_0_1_or_2():

@@ -329,7 +329,8 @@ def test_qk_norm_rope_tasks_match_whole_head_qkv_tiles(dtype):
     g = graph("hd128", dtype)
     outs = []
     for hs in (1, 2, 4):
-        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "qkv_head_split": hs}, max_seq=48)
+        prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "qkv_head_split": hs, "fold_qk_norm": False},
+                     max_seq=48)
         assert (hs > 1) == any(t.op == "QK_NORM_ROPE" for t in prog.tasks)
         vm = MegakernelVM(prog, g.weights)
         outs.append(torch.stack([vm.step(5 + 7 * i, i).clone() for i in range(4)]))
@@ -337,6 +338,26 @@ def test_qk_norm_rope_tasks_match_whole_head_qkv_tiles(dtype):
     ref = ReferenceVM(prog, g.weights)
     want = torch.stack([ref.step(5 + 7 * i, i).clone() for i in range(4)])
     assert rel_err(outs[2], want) <= (2e-3 if dtype == "bf16" else 1e-4)
+
+
+@pytest.mark.parametrize("name,dtype,splits,extra", [("hd128", "bf16", 3, {}), ("hd128", "bf16", 1, {}),
+                                                     ("hd128", "bf16", 2, {"early_kv": "on"}),
+                                                     ("hd128", "f32", 3, {}), ("qwen3", "bf16", 2, {})])
+def test_folded_qk_norm_is_bit_identical_to_qk_norm_tasks(name, dtype, splits, extra):
+    """fold_qk_norm: the attention tasks finishing the RAW q rows themselves (and the last split / ATTN_DECODE the
+    new K row, read back at later positions) give the same logits as QK_NORM_ROPE tasks, bit for bit (one epilogue,
+    amk_head_norm_rope), on the tensor-core body (bf16, head_dim 128), with its KV history issued before the wait,
+    and on the generic one (fp32; head_dim 16); and match the ReferenceVM."""
+    g = graph(name, dtype)
+    outs = []
+    for fold in (False, True):
+        def check(prog):
+            assert any(t.op == "QK_NORM_ROPE" for t in prog.tasks) != fold
+            assert any(t.params.get("append_k") for t in prog.tasks) == fold
+        outs.append(_four_steps(g, {"qkv_head_split": 2, "attn_splits": splits, "fold_qk_norm": fold, **extra}, check))
+    assert torch.isfinite(outs[1][0]).all()
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert rel_err(outs[1][0], outs[1][1]) <= (1e-4 if dtype == "f32" else 2e-2)
 
 
 def _four_steps(g, cfg: dict, check):

@@ -18,7 +18,10 @@ CONFIGS = [{}, {"attn_splits": 3, "qkv_heads": 2, "gemv_rows": 8, "sm_assignment
            {"attn_splits": 4, "fuse_attn_merge": True, "num_sms": 6},   # o_proj merges the partials
            {"attn_splits": 2, "o_proj_by_group": True, "num_sms": 6},   # o_proj per KV group, adding into x
            {"fuse_down": True, "mlp_rows": 8, "num_sms": 5},   # MLP tiles adding their down share into x_{l+1}
-           {"dyn_mlp_rows": 4, "num_sms": 7}]   # gate/up as claim groups: rows split among members at run time
+           {"dyn_mlp_rows": 4, "num_sms": 7},   # gate/up as claim groups: rows split among members at run time
+           # QK-norm models: the attention tasks finish the RAW q rows, the last split / ATTN_DECODE the K row
+           {"qkv_head_split": 2, "attn_splits": 3, "fold_qk_norm": True, "num_sms": 7},
+           {"qkv_head_split": 4, "attn_splits": 1, "fold_qk_norm": True, "num_sms": 6}]
 
 
 @pytest.mark.parametrize("family", sorted(SMALL_CONFIGS))

@@ -3,9 +3,9 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 7
+#define AMK_ABI_VERSION 8
 #define AMK_MAX_WAITS 4
-#define AMK_MAX_BUFS 8
+#define AMK_MAX_BUFS 10
 #define AMK_MAX_IPARAMS 16
 #define AMK_MAX_FPARAMS 4
 #define AMK_MAX_PREFETCH 2
@@ -133,7 +133,10 @@
 #define AMK_ATTN_DECODE_IP_MAX_SEQ 3
 #define AMK_ATTN_DECODE_IP_WINDOW 4
 #define AMK_ATTN_DECODE_IP_EARLY_KV 5
+#define AMK_ATTN_DECODE_IP_QK_NORM 6
+#define AMK_ATTN_DECODE_IP_APPEND_K 7
 #define AMK_ATTN_DECODE_FP_SCALE 0
+#define AMK_ATTN_DECODE_FP_QK_EPS 1
 #define AMK_ATTN_DECODE_IN_Q 0
 #define AMK_ATTN_DECODE_IN_K_CACHE 1
 #define AMK_ATTN_DECODE_IN_V_CACHE 2
@@ -148,7 +151,10 @@
 #define AMK_ATTN_PARTIAL_IP_SPLIT 5
 #define AMK_ATTN_PARTIAL_IP_N_SPLITS 6
 #define AMK_ATTN_PARTIAL_IP_EARLY_KV 7
+#define AMK_ATTN_PARTIAL_IP_QK_NORM 8
+#define AMK_ATTN_PARTIAL_IP_APPEND_K 9
 #define AMK_ATTN_PARTIAL_FP_SCALE 0
+#define AMK_ATTN_PARTIAL_FP_QK_EPS 1
 #define AMK_ATTN_PARTIAL_IN_Q 0
 #define AMK_ATTN_PARTIAL_IN_K_CACHE 1
 #define AMK_ATTN_PARTIAL_IN_V_CACHE 2
@@ -230,7 +236,7 @@ typedef struct AmkInstr {
   int32_t n_bufs;
   int32_t wait_counter[4];
   int32_t wait_threshold[4];
-  int32_t buf[8];
+  int32_t buf[10];
   int32_t ip[16];
   float fp[4];
   int32_t task_id;
@@ -239,7 +245,7 @@ typedef struct AmkInstr {
   uint64_t prefetch_ptr[2];
   int64_t prefetch_bytes[2];
 } AmkInstr;
-static_assert(sizeof(AmkInstr) == 208, "AmkInstr size drifted from vm/abi.py");
+static_assert(sizeof(AmkInstr) == 216, "AmkInstr size drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, op) == 0, "AmkInstr.op offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, out_counter) == 4, "AmkInstr.out_counter offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, n_waits) == 8, "AmkInstr.n_waits offset drifted from vm/abi.py");
@@ -247,13 +253,13 @@ static_assert(offsetof(AmkInstr, n_bufs) == 12, "AmkInstr.n_bufs offset drifted 
 static_assert(offsetof(AmkInstr, wait_counter) == 16, "AmkInstr.wait_counter offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, wait_threshold) == 32, "AmkInstr.wait_threshold offset drifted from vm/abi.py");
 static_assert(offsetof(AmkInstr, buf) == 48, "AmkInstr.buf offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, ip) == 80, "AmkInstr.ip offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, fp) == 144, "AmkInstr.fp offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, task_id) == 160, "AmkInstr.task_id offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, flags) == 164, "AmkInstr.flags offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, next_preload) == 168, "AmkInstr.next_preload offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_ptr) == 176, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
-static_assert(offsetof(AmkInstr, prefetch_bytes) == 192, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, ip) == 88, "AmkInstr.ip offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, fp) == 152, "AmkInstr.fp offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, task_id) == 168, "AmkInstr.task_id offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, flags) == 172, "AmkInstr.flags offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, next_preload) == 176, "AmkInstr.next_preload offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_ptr) == 184, "AmkInstr.prefetch_ptr offset drifted from vm/abi.py");
+static_assert(offsetof(AmkInstr, prefetch_bytes) == 200, "AmkInstr.prefetch_bytes offset drifted from vm/abi.py");
 
 typedef struct AmkBufDesc {
   uint64_t ptr;

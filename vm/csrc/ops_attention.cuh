@@ -18,6 +18,7 @@
 // alpha) | AMK_ATTN_STAGES stages of AMK_ATTN_STAGE_BYTES (K rows, then V rows at KT*hd elements)
 #pragma once
 #include "common.cuh"
+#include "rope.cuh"
 #include "sync.cuh"
 // Profiling switches (wrong results; scripts/trace_breakdown.py variants only): skip the KV copies, skip the
 // tile math, or skip phases of it (bits: 1 scores, 2 softmax, 4 P.V, 8 o update).
@@ -251,6 +252,76 @@ __device__ __forceinline__ void amk_attn_store(float* out, bool partial, int D, 
   }
 }
 
+// The bodies' q reads: the q buffer's rows are written this launch by other SMs, so they are read through L2 only
+// (ld.global.cg); a folded QK-norm (amk_attn_fold_qk) leaves the rows in shared memory instead.
+__device__ __forceinline__ float amk_attn_ldq(const float* p) { return __isShared(p) ? *p : __ldcg(p); }
+__device__ __forceinline__ float2 amk_attn_ldq2(const float2* p) { return __isShared(p) ? *p : __ldcg(p); }
+
+// Whether the folded QK-norm's scratch fits the task's areas: the raw K row, both norm weights and inv_freq (3.5 D
+// floats) from the score area up to the KV stages (the raw q rows use q_s, the finished ones o_s). Mirror of
+// vm/smem.py attn_fold_fits.
+__host__ __device__ __forceinline__ bool amk_attn_fold_fits(const AmkAttnSmem& m, int D) {
+  return D >= 2 && D % 2 == 0 && m.kv - m.sc >= 3 * D + D / 2;
+}
+
+// The attention ops' folded QK-norm (qk_norm; QK-norm models whose QKV tasks write RAW rows, knob fold_qk_norm):
+// QK_NORM_ROPE's math (amk_head_norm_rope, the same bits) on the group's G RAW q rows (the task's q slot) into o_s
+// (fp32 [G, D], read by the bodies through amk_attn_ldq), and with append_k (the task whose keys end at pos) on the
+// group's RAW K row into the cache row at pos (slot s_out + 1, the k_cache buffer), before any of the block's reads
+// of that row. The norm weights and inv_freq (constants) load before the task's deferred wait, the producers' rows
+// after it (amk_join; the bodies' own amk_join then returns at once). Ends with a block barrier. false: the block
+// stops (abort, timeout, or BAD_INPUT: the scratch does not fit).
+__device__ __noinline__ bool amk_attn_fold_qk(const AmkCtx& c, const AmkAttnRange& r, bool partial, bool appk,
+                                              int s_out) {
+  const int G = r.G, D = r.D, half = D >> 1, tid = amk_tid();
+  const AmkAttnSmem m = amk_attn_smem(G, D);
+  if (!amk_attn_fold_fits(m, D)) {
+    if (tid == 0) amk_fail(c, AMK_ERR_BAD_INPUT, D);
+    return false;
+  }
+  const int s = AMK_ATTN_DECODE_N_REQUIRED_IN;  // q_norm_w, inv_freq, then (append_k) k_raw, k_norm_w
+  const void* qw = amk_ptr(c, s);
+  const void* inv = amk_ptr(c, s + 1);
+  const void* kw = appk ? amk_ptr(c, s + 3) : nullptr;
+  const int qw_dt = amk_dtype(c, s), inv_dt = amk_dtype(c, s + 1), kw_dt = appk ? amk_dtype(c, s + 3) : 0;
+  float* sm = amk_in_smem(c.smem);
+  float* ys = sm;           // [G, D] the RAW q rows (q_s)
+  float* qo = sm + m.o;     // [G, D] the finished q rows (o_s)
+  float* ks = sm + m.sc;    // [D] the RAW K row | q_norm_w [D] | k_norm_w [D] | inv_freq [D/2], all fp32
+  float* wn = ks + D;
+  float* fr = wn + 2 * D;
+  for (int i = tid; i < 2 * D + half; i += AMK_THREADS) {
+    if (i < D) wn[i] = amk_ldw(qw, qw_dt, i);
+    else if (i < 2 * D) wn[i] = appk ? amk_ldw(kw, kw_dt, i - D) : 0.f;
+    else fr[i - 2 * D] = amk_ldw(inv, inv_dt, i - 2 * D);
+  }
+  if (!amk_join(c)) return false;  // a joined task (sync.cuh) waits here for the QKV tasks' RAW rows
+  const float* q_raw = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)r.kvh * G * D;
+  const float* k_raw = appk ? (const float*)amk_ptr(c, s + 2) + (int64_t)r.kvh * D : nullptr;
+  const int nr = G * D + (appk ? D : 0);
+  for (int i = tid; i < nr; i += AMK_THREADS) {
+    if (i < G * D) ys[i] = __ldcg(q_raw + i);
+    else ks[i - G * D] = __ldcg(k_raw + (i - G * D));
+  }
+  __syncthreads();
+  void* kc = appk ? amk_ptr(c, s_out + 1) : nullptr;
+  const int kc_dt = appk ? amk_dtype(c, s_out + 1) : 0;
+  const int64_t kbase = ((int64_t)r.kvh * r.S + r.pos) * D;
+  const float eps = c.ins->fp[partial ? AMK_ATTN_PARTIAL_FP_QK_EPS : AMK_ATTN_DECODE_FP_QK_EPS];
+  for (int h = amk_warp(); h < G + (appk ? 1 : 0); h += AMK_NWARPS) {  // one warp per head; h == G: the K row
+    const bool isk = h == G;
+    const float* w = wn + (isk ? D : 0);
+    amk_head_norm_rope(isk ? ks : ys + h * D, D, true, [&](int d) { return w[d]; }, eps, r.pos,
+                       [&](int i) { return fr[i]; }, [&](int d, float v) {
+                         if (!isk) qo[h * D + d] = v;
+                         else amk_store_elem(kc, kc_dt, kbase + d, v);
+                       });
+  }
+  __threadfence_block();  // the K row before the block's own cache reads of it (cp.async, after the barrier)
+  __syncthreads();
+  return true;
+}
+
 // The tensor-core fast path and the KV copies issued before the wait (use the helpers above).
 #include "ops_attention_mma.cuh"
 
@@ -466,7 +537,8 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
 // for a constant head dim: amk_attn_core's generic-path setup (integer divisions, executed by every warp) and its
 // call level cost ~0.9 us of each attention task's critical path (docs/PERF.md, twenty-ninth session).
 // false: the body does not take this task (amk_attn_core's generic path does).
-// out: the task's output rows for a direct write (amk_attn_mma), or null.
+// out: the task's output rows for a direct write (amk_attn_mma), or null. q: the KV group's G query rows [G, D]
+// (global memory, or the folded QK-norm's rows in shared memory: amk_attn_ldq).
 template <class T, int D>
 __device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q, const void* kc, const void* vc,
                                                 const AmkAttnRange& r, float scale, float* out, bool partial) {
@@ -476,7 +548,7 @@ __device__ __forceinline__ bool amk_attn_fast_d(const AmkCtx& c, const float* q,
   const AmkAttnSmem m = amk_attn_smem(r.G, D);
   float* sm = amk_in_smem(c.smem);
   const int cut = r.early ? r.pos : r.lo;  // rows [lo, pos) of the first tiles were issued before the wait
-  amk_attn_mma<T, D>(c, q + (int64_t)r.kvh * r.G * D, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
+  amk_attn_mma<T, D>(c, q, kbase, vbase, r.G, r.lo, r.hi, cut, scale, sm + m.o,
                      sm + m.st, sm + m.sc, (uint2*)(sm + m.red), amk_attn_kv(c, sm, m), out, partial);
   return true;
 }
@@ -545,7 +617,7 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   for (int t = 0; t < AMK_ATTN_STAGES - 1; ++t) issue(t);
   for (int i = tid; i < G * D; i += AMK_THREADS) {  // q lands while the first tiles are in flight
     const int g = i / D;
-    a.q[amk_attn_qidx<T>(g, i - g * D, D, a.kvec)] = __ldcg(q + (int64_t)kvh * G * D + i);
+    a.q[amk_attn_qidx<T>(g, i - g * D, D, a.kvec)] = amk_attn_ldq(q + i);   // (a folded q is o_s: read first)
     a.o[i] = 0.f;
   }
   for (int g = tid; g < G; g += AMK_THREADS) { a.st[g] = -INFINITY; a.st[G + g] = 0.f; a.st[2 * G + g] = 0.f; }
@@ -591,13 +663,21 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, r.pos);
     return;
   }
-  const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q);
   const void* kc = amk_ptr(c, AMK_ATTN_DECODE_IN_K_CACHE);
   const void* vc = amk_ptr(c, AMK_ATTN_DECODE_IN_V_CACHE);
   const int dt = amk_dtype(c, AMK_ATTN_DECODE_IN_K_CACHE);
+  const AmkInstr& in = *c.ins;
+  const bool qkn = (partial ? in.ip[AMK_ATTN_PARTIAL_IP_QK_NORM] : in.ip[AMK_ATTN_DECODE_IP_QK_NORM]) != 0;
+  const bool appk = qkn && (partial ? in.ip[AMK_ATTN_PARTIAL_IP_APPEND_K] : in.ip[AMK_ATTN_DECODE_IP_APPEND_K]) != 0;
+  const int s_out = AMK_ATTN_DECODE_N_REQUIRED_IN + (qkn ? 2 : 0) + (appk ? 2 : 0);  // after the optional inputs
   // the task's output rows: ATTN_PARTIAL [n_kv, ns, G, D+2] at (kvh, sp); ATTN_DECODE [n_kv * G, D] at kvh
-  float* const out = (float*)amk_ptr(c, AMK_ATTN_DECODE_N_REQUIRED_IN) +
-                     (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
+  float* const out = (float*)amk_ptr(c, s_out) + (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
+  // the group's q rows: from the q buffer, or (qk_norm) finished here from the RAW rows into o_s
+  const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)kvh * G * D;
+  if (qkn) {
+    if (!amk_attn_fold_qk(c, r, partial, appk, s_out)) return;
+    q = amk_in_smem(c.smem) + amk_attn_smem(G, D).o;
+  }
   // the tensor-core body, straight from here; AMK_ATTN_DIRECT: it writes out itself
   bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale, AMK_ATTN_DIRECT ? out : nullptr, partial);
   if (ok && AMK_ATTN_DIRECT) {

@@ -147,7 +147,7 @@ __device__ __forceinline__ void amk_attn_mma_rows(char* kv, int t, int KT, const
   }
 }
 
-// q: this KV head's G query rows [G, D] (fp32, global); kbase / vbase: its cache rows [S, D] (16-byte aligned).
+// q: this KV head's G query rows [G, D] (fp32, global; or shared: a folded QK-norm's, amk_attn_ldq); kbase / vbase: its cache rows [S, D] (16-byte aligned).
 // o_s [G, D], st [(m, l) x G], sc (score area), qf (the P.V-partials area) and kv (stage area): the op's
 // shared-memory areas (amk_attn_smem).
 // cut: rows [lo, cut) of the first AMK_ATTN_STAGES tiles are already in flight (amk_attn_early; lo = none).
@@ -186,8 +186,8 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   auto q_load = [=](int s, bool v, float2& x, float2& y) {  // k-step s of head row g: elements 2tq.. and 8+2tq..
     x = make_float2(0.f, 0.f), y = x;
     if (v) {
-      x = __ldcg((const float2*)(q + g * D + 16 * s + 2 * tq));
-      y = __ldcg((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
+      x = amk_attn_ldq2((const float2*)(q + g * D + 16 * s + 2 * tq));
+      y = amk_attn_ldq2((const float2*)(q + g * D + 16 * s + 8 + 2 * tq));
     }
   };
   auto q_store = [=](int s, float2 x, float2 y) {
