@@ -157,12 +157,15 @@ TOY_CONFIGS = [dict(num_sms=4), dict(num_sms=8, attn_splits=2, sm_assignment="ro
                dict(num_sms=3, gemv_rows=32, mlp_rows=64, lm_head_rows=128, qkv_heads=2)]
 
 
-# a QK-norm (Qwen3) variant of the toy: its QKV tiles split heads and write RAW rows, QK_NORM_ROPE tasks finish them
-QK_NORM_CONFIG = dict(num_sms=8, attn_splits=2, qkv_head_split=2)
+# a QK-norm (Qwen3) variant of the toy: its QKV tiles split heads and write RAW rows, which QK_NORM_ROPE tasks
+# finish (fold_qk_norm off) or the attention tasks themselves, the last split writing the K row (the default)
+QK_NORM_CONFIGS = [dict(num_sms=8, attn_splits=2, qkv_head_split=2, fold_qk_norm=False),
+                   dict(num_sms=8, attn_splits=2, qkv_head_split=2)]
 
 
 def toy_bases(configs=None) -> list[MegakernelProgram]:
-    """Lowered toy programs, one per config (default: TOY_CONFIGS, plus the toy with QK-norm under QK_NORM_CONFIG)."""
+    """Lowered toy programs, one per config (default: TOY_CONFIGS, plus the toy with QK-norm under each of
+    QK_NORM_CONFIGS)."""
     from schedule.graph import ModelGraph, load_model, random_weights
     from schedule.ir import ScheduleConfig
     from schedule.lower import lower
@@ -171,7 +174,7 @@ def toy_bases(configs=None) -> list[MegakernelProgram]:
     if configs is None:
         qc = dataclasses.replace(g.config, arch="qwen3", qk_norm=True)
         gq = ModelGraph("toy-qk-norm", qc, random_weights(qc, "f32", 0), "f32")
-        out.append(lower(gq, TARGETS["h100"], ScheduleConfig(**QK_NORM_CONFIG), max_seq=64))
+        out += [lower(gq, TARGETS["h100"], ScheduleConfig(**c), max_seq=64) for c in QK_NORM_CONFIGS]
     return out
 
 

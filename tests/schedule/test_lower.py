@@ -138,10 +138,10 @@ def test_qk_norm_head_split_lowers_to_raw_rows_and_qk_norm_tasks(split):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_fold_qk_norm_removes_the_qk_norm_tasks(splits):
-    """fold_qk_norm (the default) on qwen3 with split QKV heads: no QK_NORM_ROPE task; every attention task reads its group's RAW
-    q rows, the norm weight and inv_freq and waits for the group's QKV tiles itself; only the task whose keys end at
-    pos (ATTN_DECODE, or the last split) also reads the RAW K row and writes the K cache. Models without QK-norm,
-    and whole-head QKV tiles, lower exactly as without the knob."""
+    """fold_qk_norm (the default) on qwen3 with split QKV heads: no QK_NORM_ROPE task; every attention task reads
+    its group's RAW q rows, the norm weight and inv_freq and waits for the group's QKV tiles itself; only the task
+    whose keys end at pos (ATTN_DECODE, or the last split) also reads the RAW K row and writes the K cache. Models
+    without QK-norm, and whole-head QKV tiles, lower exactly as without the knob."""
     g = small_graph("qwen3")   # 2 layers, 6 heads / 2 kv, head_dim 16
     c = g.config
     cfg = {"qkv_head_split": 2, "attn_splits": splits}

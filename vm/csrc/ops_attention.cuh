@@ -671,7 +671,8 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
   const bool appk = qkn && (partial ? in.ip[AMK_ATTN_PARTIAL_IP_APPEND_K] : in.ip[AMK_ATTN_DECODE_IP_APPEND_K]) != 0;
   const int s_out = AMK_ATTN_DECODE_N_REQUIRED_IN + (qkn ? 2 : 0) + (appk ? 2 : 0);  // after the optional inputs
   // the task's output rows: ATTN_PARTIAL [n_kv, ns, G, D+2] at (kvh, sp); ATTN_DECODE [n_kv * G, D] at kvh
-  float* const out = (float*)amk_ptr(c, s_out) + (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
+  float* const out =
+      (float*)amk_ptr(c, s_out) + (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
   // the group's q rows: from the q buffer, or (qk_norm) finished here from the RAW rows into o_s
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)kvh * G * D;
   if (qkn) {

@@ -147,7 +147,8 @@ __device__ __forceinline__ void amk_attn_mma_rows(char* kv, int t, int KT, const
   }
 }
 
-// q: this KV head's G query rows [G, D] (fp32, global; or shared: a folded QK-norm's, amk_attn_ldq); kbase / vbase: its cache rows [S, D] (16-byte aligned).
+// q: this KV head's G query rows [G, D] (fp32, global; or shared: a folded QK-norm's, amk_attn_ldq); kbase /
+// vbase: its cache rows [S, D] (16-byte aligned).
 // o_s [G, D], st [(m, l) x G], sc (score area), qf (the P.V-partials area) and kv (stage area): the op's
 // shared-memory areas (amk_attn_smem).
 // cut: rows [lo, cut) of the first AMK_ATTN_STAGES tiles are already in flight (amk_attn_early; lo = none).
