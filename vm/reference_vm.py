@@ -211,11 +211,21 @@ def op_qk_norm_rope(vm, t):
     if not 0 <= pos < S:
         raise VMError(f"task {t.id} QK_NORM_ROPE: position {pos} outside the KV cache [0, {S})")
     eps, inv = float(p["eps"]), vm.buf(s["inv_freq"])
-    q = vm.buf(s["q_raw"])[g * G * hd:(g + 1) * G * hd].float().view(G, hd)
-    k = vm.buf(s["k_raw"])[g * hd:(g + 1) * hd].float().view(1, hd)
-    vm.buf(s["q"])[g * G * hd:(g + 1) * G * hd] = _rope(_qk_norm(q, vm.buf(s["q_norm_w"]), eps), pos, inv).reshape(-1)
-    kc = vm.buf(s["k_cache"])
-    kc[g, pos, :] = _rope(_qk_norm(k, vm.buf(s["k_norm_w"]), eps), pos, inv)[0].to(kc.dtype)
+    q = vm.buf(s["q_raw"])[g * G * hd:(g + 1) * G * hd].view(G, hd)
+    vm.buf(s["q"])[g * G * hd:(g + 1) * G * hd] = _norm_rope(q, vm.buf(s["q_norm_w"]), eps, pos, inv).reshape(-1)
+    _finish_k_row(vm, s, "k_cache", g, hd, pos, eps, inv)
+
+
+def _norm_rope(rows: torch.Tensor, w: torch.Tensor, eps: float, pos: int, inv: torch.Tensor) -> torch.Tensor:
+    """QK-norm then RoPE of RAW rows [n, hd] (QK_NORM_ROPE and the attention ops' folded QK-norm)."""
+    return _rope(_qk_norm(rows.float(), w, eps), pos, inv)
+
+
+def _finish_k_row(vm, s, cache_slot: str, g: int, hd: int, pos: int, eps: float, inv: torch.Tensor) -> None:
+    """cache[g, pos] = the group's RAW K row (k_raw) QK-normed (k_norm_w) and rotated, in the cache dtype."""
+    kc = vm.buf(s[cache_slot])
+    k = vm.buf(s["k_raw"])[g * hd:(g + 1) * hd].view(1, hd)
+    kc[g, pos, :] = _norm_rope(k, vm.buf(s["k_norm_w"]), eps, pos, inv)[0].to(kc.dtype)
 
 
 def _attn_range(vm, t, s) -> tuple[int, int]:
@@ -237,10 +247,8 @@ def _attn_q(vm, t, s) -> torch.Tensor:
     if not 0 <= pos < int(p["max_seq"]):
         raise VMError(f"task {t.id} {t.op}: position {pos} outside the KV cache [0, {p['max_seq']})")
     if int(p.get("append_k", 0)):
-        k = vm.buf(s["k_raw"])[g * hd:(g + 1) * hd].float().view(1, hd)
-        kc = vm.buf(s["k_out"])
-        kc[g, pos, :] = _rope(_qk_norm(k, vm.buf(s["k_norm_w"]), eps), pos, inv)[0].to(kc.dtype)
-    return _rope(_qk_norm(q.float(), vm.buf(s["q_norm_w"]), eps), pos, inv)
+        _finish_k_row(vm, s, "k_out", g, hd, pos, eps, inv)
+    return _norm_rope(q, vm.buf(s["q_norm_w"]), eps, pos, inv)
 
 
 def _attn_scores(vm, t, s, lo, hi, q):

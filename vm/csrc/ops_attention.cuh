@@ -265,37 +265,38 @@ __host__ __device__ __forceinline__ bool amk_attn_fold_fits(const AmkAttnSmem& m
 }
 
 // The attention ops' folded QK-norm (qk_norm; QK-norm models whose QKV tasks write RAW rows, knob fold_qk_norm):
-// QK_NORM_ROPE's math (amk_head_norm_rope, the same bits) on the group's G RAW q rows (the task's q slot) into o_s
+// QK_NORM_ROPE's math (amk_group_norm_rope, the same bits) on the group's G RAW q rows (the task's q slot) into o_s
 // (fp32 [G, D], read by the bodies through amk_attn_ldq), and with append_k (the task whose keys end at pos) on the
 // group's RAW K row into the cache row at pos (slot s_out + 1, the k_cache buffer), before any of the block's reads
 // of that row. The norm weights and inv_freq (constants) load before the task's deferred wait, the producers' rows
-// after it (amk_join; the bodies' own amk_join then returns at once). Ends with a block barrier. false: the block
-// stops (abort, timeout, or BAD_INPUT: the scratch does not fit).
-__device__ __noinline__ bool amk_attn_fold_qk(const AmkCtx& c, const AmkAttnRange& r, bool partial, bool appk,
-                                              int s_out) {
+// after it (amk_join; the bodies' own amk_join then returns at once). Ends with a block barrier. Returns the
+// finished q rows (o_s), or null: the block stops (abort, timeout, or BAD_INPUT: the scratch does not fit).
+__device__ __noinline__ const float* amk_attn_fold_qk(const AmkCtx& c, const AmkAttnRange& r, bool partial,
+                                                      bool appk, int s_out) {
   const int G = r.G, D = r.D, half = D >> 1, tid = amk_tid();
   const AmkAttnSmem m = amk_attn_smem(G, D);
   if (!amk_attn_fold_fits(m, D)) {
     if (tid == 0) amk_fail(c, AMK_ERR_BAD_INPUT, D);
-    return false;
+    return nullptr;
   }
   const int s = AMK_ATTN_DECODE_N_REQUIRED_IN;  // q_norm_w, inv_freq, then (append_k) k_raw, k_norm_w
-  const void* qw = amk_ptr(c, s);
-  const void* inv = amk_ptr(c, s + 1);
-  const void* kw = appk ? amk_ptr(c, s + 3) : nullptr;
-  const int qw_dt = amk_dtype(c, s), inv_dt = amk_dtype(c, s + 1), kw_dt = appk ? amk_dtype(c, s + 3) : 0;
   float* sm = amk_in_smem(c.smem);
   float* ys = sm;           // [G, D] the RAW q rows (q_s)
   float* qo = sm + m.o;     // [G, D] the finished q rows (o_s)
-  float* ks = sm + m.sc;    // [D] the RAW K row | q_norm_w [D] | k_norm_w [D] | inv_freq [D/2], all fp32
-  float* wn = ks + D;
-  float* fr = wn + 2 * D;
-  for (int i = tid; i < 2 * D + half; i += AMK_THREADS) {
-    if (i < D) wn[i] = amk_ldw(qw, qw_dt, i);
-    else if (i < 2 * D) wn[i] = appk ? amk_ldw(kw, kw_dt, i - D) : 0.f;
-    else fr[i - 2 * D] = amk_ldw(inv, inv_dt, i - 2 * D);
+  float* ks = sm + m.sc;    // [D] the RAW K row | q_norm_w [D] | inv_freq [D/2] | k_norm_w [D], all fp32
+  float* qw = ks + D;
+  float* fr = qw + D;
+  float* kw = fr + half;
+  const void* qwp = amk_ptr(c, s);
+  const void* frp = amk_ptr(c, s + 1);
+  const void* kwp = appk ? amk_ptr(c, s + 3) : nullptr;
+  const int qw_dt = amk_dtype(c, s), fr_dt = amk_dtype(c, s + 1), kw_dt = appk ? amk_dtype(c, s + 3) : 0;
+  for (int i = tid; i < D + half + (appk ? D : 0); i += AMK_THREADS) {  // (k_norm_w only with append_k)
+    if (i < D) qw[i] = amk_ldw(qwp, qw_dt, i);
+    else if (i < D + half) qw[i] = amk_ldw(frp, fr_dt, i - D);
+    else qw[i] = amk_ldw(kwp, kw_dt, i - D - half);
   }
-  if (!amk_join(c)) return false;  // a joined task (sync.cuh) waits here for the QKV tasks' RAW rows
+  if (!amk_join(c)) return nullptr;  // a joined task (sync.cuh) waits here for the QKV tasks' RAW rows
   const float* q_raw = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)r.kvh * G * D;
   const float* k_raw = appk ? (const float*)amk_ptr(c, s + 2) + (int64_t)r.kvh * D : nullptr;
   const int nr = G * D + (appk ? D : 0);
@@ -304,22 +305,13 @@ __device__ __noinline__ bool amk_attn_fold_qk(const AmkCtx& c, const AmkAttnRang
     else ks[i - G * D] = __ldcg(k_raw + (i - G * D));
   }
   __syncthreads();
-  void* kc = appk ? amk_ptr(c, s_out + 1) : nullptr;
-  const int kc_dt = appk ? amk_dtype(c, s_out + 1) : 0;
-  const int64_t kbase = ((int64_t)r.kvh * r.S + r.pos) * D;
-  const float eps = c.ins->fp[partial ? AMK_ATTN_PARTIAL_FP_QK_EPS : AMK_ATTN_DECODE_FP_QK_EPS];
-  for (int h = amk_warp(); h < G + (appk ? 1 : 0); h += AMK_NWARPS) {  // one warp per head; h == G: the K row
-    const bool isk = h == G;
-    const float* w = wn + (isk ? D : 0);
-    amk_head_norm_rope(isk ? ks : ys + h * D, D, true, [&](int d) { return w[d]; }, eps, r.pos,
-                       [&](int i) { return fr[i]; }, [&](int d, float v) {
-                         if (!isk) qo[h * D + d] = v;
-                         else amk_store_elem(kc, kc_dt, kbase + d, v);
-                       });
-  }
+  amk_group_norm_rope(ys, appk ? ks : nullptr, qw, kw, fr, G, D,
+                      c.ins->fp[partial ? AMK_ATTN_PARTIAL_FP_QK_EPS : AMK_ATTN_DECODE_FP_QK_EPS], r.pos, qo,
+                      appk ? amk_ptr(c, s_out + 1) : nullptr, appk ? amk_dtype(c, s_out + 1) : 0,
+                      ((int64_t)r.kvh * r.S + r.pos) * D);
   __threadfence_block();  // the K row before the block's own cache reads of it (cp.async, after the barrier)
   __syncthreads();
-  return true;
+  return qo;
 }
 
 // The tensor-core fast path and the KV copies issued before the wait (use the helpers above).
@@ -675,10 +667,7 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
       (float*)amk_ptr(c, s_out) + (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
   // the group's q rows: from the q buffer, or (qk_norm) finished here from the RAW rows into o_s
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)kvh * G * D;
-  if (qkn) {
-    if (!amk_attn_fold_qk(c, r, partial, appk, s_out)) return;
-    q = amk_in_smem(c.smem) + amk_attn_smem(G, D).o;
-  }
+  if (qkn && !(q = amk_attn_fold_qk(c, r, partial, appk, s_out))) return;
   // the tensor-core body, straight from here; AMK_ATTN_DIRECT: it writes out itself
   bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale, AMK_ATTN_DIRECT ? out : nullptr, partial);
   if (ok && AMK_ATTN_DIRECT) {

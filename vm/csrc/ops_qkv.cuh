@@ -163,13 +163,6 @@ __device__ __noinline__ void amk_op_qk_norm_rope(const AmkCtx& c) {
   void* kc = amk_ptr(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);
   const int kc_dt = amk_dtype(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);
   const int64_t kbase = ((int64_t)g * S + pos) * hd;
-  const float eps = in.fp[AMK_QK_NORM_ROPE_FP_EPS];
-  for (int h = amk_warp(); h <= G; h += AMK_NWARPS) {  // one warp per head; h == G: the K head
-    const float* w = wn + (h < G ? 0 : hd);
-    amk_head_norm_rope(ys + h * hd, hd, true, [&](int d) { return w[d]; }, eps, pos, [&](int i) { return fr[i]; },
-                       [&](int d, float v) {
-                         if (h < G) q[h * hd + d] = v;
-                         else amk_store_elem(kc, kc_dt, kbase + d, v);
-                       });
-  }
+  amk_group_norm_rope(ys, ys + G * hd, wn, wn + hd, fr, G, hd, in.fp[AMK_QK_NORM_ROPE_FP_EPS], pos, q, kc, kc_dt,
+                      kbase);
 }

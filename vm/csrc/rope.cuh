@@ -34,3 +34,21 @@ __device__ __forceinline__ void amk_head_norm_rope(float* y, int hd, bool norm, 
     out(i + half, o2);
   }
 }
+
+// One KV group's QK-norm + RoPE, one warp per head (QK_NORM_ROPE, and the attention ops' folded QK-norm): the G
+// RAW q rows qr [G, hd] (shared memory, normalised in place) -> q [G, hd] (fp32), and with kr (the group's RAW K
+// row, may be null) that row -> the cache row at kc + kbase elements (cache dtype kc_dt). qw / kw: the norm
+// weights, fr: inv_freq, all fp32 in shared memory.
+__device__ __forceinline__ void amk_group_norm_rope(float* qr, float* kr, const float* qw, const float* kw,
+                                                    const float* fr, int G, int hd, float eps, int pos, float* q,
+                                                    void* kc, int kc_dt, int64_t kbase) {
+  for (int h = amk_warp(); h < G + (kr ? 1 : 0); h += AMK_NWARPS) {  // h == G: the K row
+    const bool isk = h == G;
+    const float* w = isk ? kw : qw;
+    amk_head_norm_rope(isk ? kr : qr + h * hd, hd, true, [&](int d) { return w[d]; }, eps, pos,
+                       [&](int i) { return fr[i]; }, [&](int d, float v) {
+                         if (!isk) q[h * hd + d] = v;
+                         else amk_store_elem(kc, kc_dt, kbase + d, v);
+                       });
+  }
+}
