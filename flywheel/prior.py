@@ -1,7 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): sm_assignment auto and attn_splits auto
-('list_idle' with 4 splits on the presets at ctx 512),
+('list_idle' with 4 splits on the llama presets and 8 on qwen3 at ctx 512),
 prefetch_depth 0, qkv_head_split auto (2 on the presets), wait_prefetch_kb 64, mlp_prefetch_kb 192
 (gate rows first),
 lm_head_rows auto (tiles of <= 512 rows in whole waves) and auto row tiles (gemv/mlp rows 16/64 on llama-3.2-1b).
@@ -88,9 +88,9 @@ KNOBS: tuple[Knob, ...] = (
              "session)"),
     Knob("attn_splits", int, 0, range=(0, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
-             "0 = auto: for KV caches of up to 2048 positions 4 where n_kv_heads x 4 tasks fit the SMs the QKV "
-             "phase leaves idle and sm_assignment is 'auto' or 'list_idle', else 8; beyond, SMs // n_kv_heads "
-             "(one wave of attention tasks, at least 8)"),
+             "0 = auto: for KV caches of up to 2048 positions the most of 8 and 4 whose n_kv_heads x splits tasks "
+             "fit the SMs the QKV phase leaves idle, where sm_assignment is 'auto' or 'list_idle' (8 on qwen3, 4 on "
+             "the llama presets), else 8; beyond, SMs // n_kv_heads (one wave of attention tasks, at least 8)"),
     Knob("fuse_attn_merge", bool, False, choices=(False, True),
          doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
@@ -129,8 +129,8 @@ KNOBS: tuple[Knob, ...] = (
              "'list_idle' = the same with ties to the SM idle longest and each layer's QKV tasks placed before its "
              "attention, so attention lands on the SMs the QKV phase leaves idle and (early_kv hint) loads its KV "
              "before its wait, 'lpt' = balance bytes greedily, 'round_robin' = task i on SM i mod n; 'auto' = "
-             "'list_idle' where a layer's attention tasks fit those idle SMs (llama presets at ctx <= 2048, with "
-             "attn_splits auto = 4), else 'list'"),
+             "'list_idle' where a layer's attention tasks fit those idle SMs (the presets at ctx <= 2048, with "
+             "attn_splits auto), else 'list'"),
     Knob("early_kv", str, "auto", choices=("auto", "on", "off", "ahead"),
          doc="the early_kv hint of attention tasks (the kernel then issues the KV history rows of their first tiles "
              "before their wait): 'on' = every attention task, 'off' = none, 'auto' = a layer's attention tasks when "

@@ -185,7 +185,7 @@ def qkv_reserve(cfg, n_kv: int, max_seq: int) -> int:
     or auto's IDLE_SPLITS up to AUTO_SPLITS_MAX_SEQ positions); 0 otherwise (long context: one wave of splits)."""
     if cfg.sm_assignment not in IDLE_POLICIES:
         return 0
-    splits = cfg.attn_splits or (IDLE_SPLITS if max_seq <= AUTO_SPLITS_MAX_SEQ else 0)
+    splits = cfg.attn_splits or (IDLE_SPLITS[-1] if max_seq <= AUTO_SPLITS_MAX_SEQ else 0)
     return n_kv * min(splits, max_seq)
 
 
@@ -242,22 +242,25 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None,
 
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
-IDLE_SPLITS = 4   # ... or this many where they fit the SMs the QKV phase leaves idle
+IDLE_SPLITS = (8, 4)   # ... or the most of these whose tasks fit the SMs the QKV phase leaves idle
 IDLE_POLICIES = ("auto", "list_idle")   # sm_assignment values that may put attention on the SMs QKV leaves idle
 
 
 def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int, idle_sms: int = 0) -> int:
     """Split-KV tasks per KV head. knob > 0: that many (at most one per position). 0 (auto): up to 2048 positions
-    of KV cache, 4 where n_kv x 4 attention tasks fit on the ``idle_sms`` SMs the QKV phase leaves idle (the SM
-    assignment puts them there and they load their KV before their wait: llama-3.2-1b / -3b / 3.1-8b 3.4% / 0.7% /
-    1.6% faster than 8 splits, H100, docs/PERF.md, thirteenth session), else 8; beyond 2048 positions, one wave of
-    attention tasks (n_kv * splits <= n_sms, at least 8, at most 64). Measured on llama-3.2-1b, H100 (fifth
-    session): 8 is best at ctx 512 without the idle placement (16: +2%; 4: +0.6%); 16 is best at 8192 and 32768
-    (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
+    of KV cache, the most of IDLE_SPLITS (8, 4) whose n_kv x splits attention tasks fit on the ``idle_sms`` SMs the
+    QKV phase leaves idle (the SM assignment puts them there and they load their KV before their wait), else 8;
+    beyond 2048 positions, one wave of attention tasks (n_kv * splits <= n_sms, at least 8, at most 64).
+    Measured on an H100: 4 on the idle SMs beats 8 that do not fit there (llama-3.2-1b / -3b / 3.1-8b 3.4% / 0.7%
+    / 1.6%, docs/PERF.md, thirteenth session; llama-3.2-1b ctx 512 +7.1% with 8, thirty-ninth); where 8 fit too
+    (qwen3-0.6b: 64 of 68 idle SMs) 8 beat 4 (ctx 512 -1.7%, ctx 2048 -2.7%, thirty-ninth session). On
+    llama-3.2-1b without the idle placement (fifth session) 8 is best at ctx 512 (16: +2%; 4: +0.6%); 16 is best at
+    8192 and 32768 (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
     if knob > 0:
         return min(knob, max_seq)
     if max_seq <= AUTO_SPLITS_MAX_SEQ:
-        return min(IDLE_SPLITS if n_kv * IDLE_SPLITS <= idle_sms else AUTO_SPLITS, max_seq)
+        fit = [s for s in IDLE_SPLITS if n_kv * s <= idle_sms]
+        return min(fit[0] if fit else AUTO_SPLITS, max_seq)
     return min(64, max_seq, max(AUTO_SPLITS, n_sms // max(1, n_kv)))
 
 

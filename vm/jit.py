@@ -30,7 +30,7 @@ from vm.abi import DTYPE_CODES
 
 CSRC = pathlib.Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "megakernel.cu")
-MERGE_UNROLLS = (0, 4, 8, 16)   # AMK_MERGE_UNROLL values (vm/csrc/ops_attention.cuh)
+MERGE_UNROLLS = (0, 4, 8, 16)   # AMK_MERGE_UNROLL values (vm/csrc/attn_common.cuh)
 ALL_DTYPES = (1 << DTYPE_CODES["f32"]) | (1 << DTYPE_CODES["bf16"]) | (1 << DTYPE_CODES["f16"])   # AMK_DTYPES
 META_NAME = "amk_build.json"
 _LOADED: dict[str, Any] = {}
@@ -81,7 +81,7 @@ class BuildSpec:
     attn_stages: int = 2          # attention KV tiles in flight (cp.async into shared memory, ops_attention.cuh)
     attn_stage_bytes: int = 32768  # bytes per attention stage (K + V rows of one tile)
     merge_unroll: int = 16        # ATTN_MERGE's unrolled bodies: 4 / 8 / 16 splits and below (0 = the loop only;
-                                  # the loader picks the smallest covering the program, vm/csrc/ops_attention.cuh)
+                                  # the loader picks the smallest covering the program, vm/csrc/attn_common.cuh)
     attn_early: bool = False      # the KV copies before the wait for early_kv-hinted attention tasks (compiled in
                                   # only for programs with hints: unused, the path cost 2% at ctx 32768 on an H100)
     kv_ahead: bool = False        # early_kv 2: the attention stages at the top of shared memory, filled by the task

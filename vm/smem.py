@@ -1,5 +1,5 @@
 """Shared-memory layout of each task on the GPU VM: the mirror of ``amk_smem_floats`` (vm/csrc/megakernel.cu),
-``amk_attn_smem`` (vm/csrc/ops_attention.cuh), ``amk_norm_floats`` (ops_embed_norm.cuh) and ``amk_stash_floats``
+``amk_attn_smem`` (vm/csrc/attn_common.cuh), ``amk_norm_floats`` (ops_embed_norm.cuh) and ``amk_stash_floats``
 (stream.cuh). The loader sizes the launch's dynamic shared memory from these; the kernel checks each task's need
 against the launch and reports BAD_INPUT naming the task if they ever disagree.
 
@@ -72,7 +72,7 @@ def attn_keys(head_dim: int, elem_bytes: int, stage_bytes: int = ATTN_STAGE_BYTE
 
 def attn_areas(G: int, D: int, threads: int, stage_bytes: int = ATTN_STAGE_BYTES) -> dict[str, int]:
     """Offsets (floats) of an attention task's areas: q at 0 | o | sc (scores) | red (P.V partials) | st (m, l,
-    alpha) | kv (the KV stages, from a 128-byte boundary) -- mirror of amk_attn_smem in vm/csrc/ops_attention.cuh."""
+    alpha) | kv (the KV stages, from a 128-byte boundary) -- mirror of amk_attn_smem in vm/csrc/attn_common.cuh."""
     rg, gb = _attn_rg(D, threads), min(G, _attn_gb(threads))
     o = _pad4(G * D)
     sc = o + _pad4(G * D)
@@ -83,7 +83,7 @@ def attn_areas(G: int, D: int, threads: int, stage_bytes: int = ATTN_STAGE_BYTES
 
 def attn_floats(G: int, D: int, threads: int, stages: int = ATTN_STAGES, stage_bytes: int = ATTN_STAGE_BYTES) -> int:
     """Shared memory (floats) of an attention task: q | o | scores | P.V partials | (m, l, alpha) | KV stages, the
-    stages from a 128-byte boundary (mirror of amk_attn_smem in vm/csrc/ops_attention.cuh)."""
+    stages from a 128-byte boundary (mirror of amk_attn_smem in vm/csrc/attn_common.cuh)."""
     return attn_areas(G, D, threads, stage_bytes)["kv"] + stages * stage_bytes // 4
 
 

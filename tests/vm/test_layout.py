@@ -14,7 +14,7 @@ from schedule.graph import load_model
 from schedule.ir import get_target
 from schedule.lower import lower
 from vm import abi
-from vm.loader import (AbiMismatchError, MegakernelError, arch_has_bulk_copy, check_layout, pack_instructions,
+from vm.pack import (AbiMismatchError, MegakernelError, arch_has_bulk_copy, check_layout, pack_instructions,
                        pack_queues, preload_buffer_bytes)
 from vm.smem import smem_floats
 
@@ -198,10 +198,10 @@ def test_builds_are_per_dtype_set():
     ("llama-3.2-1b", {"attn_splits": 1}, 512, 0, 4),    # one split: no merge tasks at all
 ])
 def test_merge_unroll_covers_the_programs_splits(model, cfg, ctx, ns, want):
-    """The loader compiles the smallest ATTN_MERGE body that covers the program's splits (vm/loader.py
+    """The loader compiles the smallest ATTN_MERGE body that covers the program's splits (vm/pack.py
     merge_unroll_for), and the spec passes it to nvcc (an A/B's own -DAMK_MERGE_UNROLL wins)."""
     from vm import jit
-    from vm.loader import merge_unroll_for
+    from vm.pack import merge_unroll_for
     prog = lower(load_model(model, dtype="bf16", device="meta"), get_target("h100"), cfg, max_seq=ctx + 64)
     merges = [int(t.params["n_splits"]) for t in prog.tasks if t.op == "ATTN_MERGE"]
     assert max(merges + [0]) == ns

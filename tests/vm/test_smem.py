@@ -13,7 +13,7 @@ CSRC = pathlib.Path(__file__).resolve().parents[2] / "vm" / "csrc"
 
 
 def test_attention_smem_areas_by_hand():
-    """Keys per KV tile and the attention op's shared memory, worked out by hand (ops_attention.cuh layout)."""
+    """Keys per KV tile and the attention op's shared memory, worked out by hand (attn_common.cuh layout)."""
     assert attn_keys(64, 2) == 128 and attn_keys(64, 4) == 64 and attn_keys(128, 2) == 64
     assert attn_keys(10, 4) == 256            # capped at ATTN_TILE
     assert attn_keys(8192, 4) == 0            # one key's K and V rows (64 KB) do not fit a 32 KB stage

@@ -28,7 +28,7 @@
 #include "common.cuh"
 #include "sync.cuh"
 
-// AMK_ATTN_MMA (ops_attention.cuh): 0 compiles this path out.
+// AMK_ATTN_MMA (attn_common.cuh): 0 compiles this path out.
 
 // (lo, hi) rounded to nearest into one packed pair (one cvt instruction), lo in the low half.
 __device__ __forceinline__ uint32_t amk_pack2(AmkBF16, float lo, float hi) {

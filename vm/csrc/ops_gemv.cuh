@@ -15,7 +15,7 @@
 #pragma once
 #include "common.cuh"
 #include "ops_embed_norm.cuh"
-#include "ops_attention.cuh"
+#include "attn_common.cuh"  // amk_attn_merge_elem (the o_proj tasks that merge)
 #include "stream.cuh"
 #include "preload.cuh"
 
