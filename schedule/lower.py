@@ -182,7 +182,8 @@ def qkv_split_for(knob: int, qkv_heads: int, n_heads: int, n_kv: int, head_dim: 
 def qkv_reserve(cfg, n_kv: int, max_seq: int) -> int:
     """SMs the auto QKV split leaves for attention: n_kv x splits where the SM assignment may put attention on the
     SMs the QKV phase leaves idle ('auto' / 'list_idle') and the splits are known to be few (the attn_splits knob,
-    or auto's IDLE_SPLITS up to AUTO_SPLITS_MAX_SEQ positions); 0 otherwise (long context: one wave of splits)."""
+    or the fewest of auto's IDLE_SPLITS up to AUTO_SPLITS_MAX_SEQ positions); 0 otherwise (long context: one wave
+    of splits)."""
     if cfg.sm_assignment not in IDLE_POLICIES:
         return 0
     splits = cfg.attn_splits or (IDLE_SPLITS[-1] if max_seq <= AUTO_SPLITS_MAX_SEQ else 0)
