@@ -25,6 +25,13 @@ Bytes that reach L2 before their task streams them, each a flow of its own that 
 * ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
 What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
 shared-memory preload) is not modelled.
+An attention task with the ``early_kv`` hint copies the KV history of its first tiles (at most the build's
+attention stages, ``EARLY_KV_BYTES``) into shared memory before its wait: when its SM reaches it (hint 1), or when
+the task before it on its SM has streamed (hint 2, ``early_kv`` 'ahead': the kernel issues the copies as that task
+starts, sharing the SM with its stream; a flow here has a whole SM's cap, so the model starts them after it). Those
+bytes are a flow of their own; what has landed when the task streams costs nothing more (it is on chip) and, all of
+it landed, spares the task its first batch's round trip. Known miss: 'ahead' is predicted 4.7% faster than 'auto'
+on llama-3.2-1b at ctx 8192, where it measured equal (docs/PERF.md, thirty-seventh session).
 
 Calibration (H100, ``CALIB``): against the current kernel's measurements in ``docs/measured_ab_h100.jsonl`` (the
 tenth- and eleventh-session A/B tables and benches, transcribed from docs/PERF.md) with
@@ -42,6 +49,7 @@ import heapq
 from schedule.ir import BufferKind, GpuTarget, MegakernelProgram
 from schedule.ops import accesses, is_dyn, weight_ranges
 from vm.abi import QKV_MODE_RAW
+from vm.smem import ATTN_STAGE_BYTES, ATTN_STAGES
 
 GEMV_OPS = ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN", "QKV_ROPE")
 ATTN_OPS = ("ATTN_DECODE", "ATTN_PARTIAL")
@@ -49,6 +57,7 @@ ARGMAX_OPS = ("ARGMAX", "ARGMAX_PARTIAL", "ARGMAX_MERGE", "ARGMAX_PAIRS")
 H100_GBPS = 3050.0     # the calibration target's hbm_gbps: bandwidths scale from it
 NORM_SLOTS = ("norm_w", "qk_norm_w", "q_norm_w", "k_norm_w")   # weights staged with the input, not streamed
 WARM_BYTES = 16384     # a task whose prefetch has landed this much starts its stream from L2 (no hbm_us)
+EARLY_KV_BYTES = ATTN_STAGES * ATTN_STAGE_BYTES   # an early_kv attention task's copies before its wait (at most)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +271,7 @@ class _Sim:
         self.streamed = [False] * n
         self.l2_done = [0.0] * n           # bytes of the task found in L2 when it streams
         self.pf_flows: list[list[int]] = [[] for _ in range(n)]   # prefetch flows that feed task i
+        self.early = [int(t.params.get("early_kv", 0)) if t.op in ATTN_OPS else 0 for t in program.tasks]
         self.pending = [0] * len(program.counters)
         for t in program.tasks:
             if t.out_counter >= 0:
@@ -298,6 +308,8 @@ class _Sim:
         i = self.index[q[self.heads[sm]]]
         self.heads[sm] += 1
         task = self.p.tasks[i]
+        if self.early[i] == 1:   # its KV history into shared memory, before its wait
+            self._prefetch(i, min(self.bytes[i], EARLY_KV_BYTES))
         if self.depth:   # L2 look-ahead: the next `depth` queued tasks' weights
             for qn in q[self.heads[sm]:self.heads[sm] + self.depth]:
                 j = self.index[qn]
@@ -330,8 +342,10 @@ class _Sim:
         a = c.entry_us
         if task.op in GEMV_OPS or task.op in ATTN_OPS:   # stage the input, then the first batch's round trip
             lat = self._lat()
-            warm = sum(self.flows.done_bytes(f) for f in self.pf_flows[i]) >= min(self.bytes[i], WARM_BYTES)
-            a += 2 * lat + (0.0 if warm else c.hbm_us) + self.pre.staged[i] / self.stage_bpu
+            landed = sum(self.flows.done_bytes(f) for f in self.pf_flows[i])
+            warm = landed >= min(self.bytes[i], WARM_BYTES)
+            on_chip = self.early[i] and landed >= min(self.bytes[i], EARLY_KV_BYTES)   # no first batch to fetch
+            a += (1 if on_chip else 2) * lat + (0.0 if warm else c.hbm_us) + self.pre.staged[i] / self.stage_bpu
             a += self.pre.merged[i] / self.merge_bpu
         elif task.op in ("ATTN_MERGE", "QK_NORM_ROPE", "RMSNORM", "ADD", "EMBED") or task.op in ARGMAX_OPS:
             a += self._lat() + self.pre.staged[i] / self.stage_bpu
@@ -357,7 +371,13 @@ class _Sim:
     def _after_stream(self, i: int, t: float) -> None:
         """Task i's stream ended at t (it began at self.start[i]): the L2 part, the tail, the signal."""
         c, task = self.c, self.p.tasks[i]
-        b = self.l2_done[i] / self.l2_bpu + c.signal_us * (task.out_counter >= 0)
+        sm, q = self.sm_of[i], self.p.queues[self.sm_of[i]]
+        if self.heads[sm] < len(q) and self.early[self.index[q[self.heads[sm]]]] == 2:
+            # the next task's KV history, issued by this one (early_kv 2): the kernel issues it as this task starts
+            # and it shares the SM with this task's stream; a flow has a whole SM's cap, so it starts here instead
+            j = self.index[q[self.heads[sm]]]
+            self._prefetch(j, min(self.bytes[j], EARLY_KV_BYTES))
+        b = (0.0 if self.early[i] else self.l2_done[i] / self.l2_bpu) + c.signal_us * (task.out_counter >= 0)
         if task.op in ATTN_OPS:
             b += c.attn_tail_us + c.attn_pos_us * self.pre.positions[i] * int(task.params["group"])
         elif task.op in GEMV_OPS:
