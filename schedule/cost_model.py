@@ -216,6 +216,7 @@ class Prepared:
                        for i, t in enumerate(program.tasks)]
         self.staged = [s - m for s, m in zip(self.staged, self.merged)]
         self.positions = [attn_positions(t, ctx) if t.op in ATTN_OPS else 0 for t in program.tasks]
+        self.early = [int(t.params.get("early_kv", 0)) if t.op in ATTN_OPS else 0 for t in program.tasks]   # hints
         self.sm_of = [0] * n
         for s, q in enumerate(program.queues):
             for tid in q:
@@ -271,7 +272,7 @@ class _Sim:
         self.streamed = [False] * n
         self.l2_done = [0.0] * n           # bytes of the task found in L2 when it streams
         self.pf_flows: list[list[int]] = [[] for _ in range(n)]   # prefetch flows that feed task i
-        self.early = [int(t.params.get("early_kv", 0)) if t.op in ATTN_OPS else 0 for t in program.tasks]
+        self.early = pre.early
         self.pending = [0] * len(program.counters)
         for t in program.tasks:
             if t.out_counter >= 0:

@@ -168,7 +168,7 @@ class TaskChecks:
                     self._psplits.setdefault(t.outputs[0], set()).add(t.params.get("n_splits"))
         return self._psplits
 
-    def _check_attn_qk_norm(self, op: str, P: dict, s: dict, shape, numel, need) -> None:
+    def _check_attn_qk_norm(self, op: str, P: dict, s: dict, numel, need) -> None:
         """An attention task's folded QK-norm (qk_norm / append_k): its q slot holds RAW rows, and exactly the task
         whose keys end at pos (ATTN_DECODE, or the last split: the kernel's split bounds always give it pos) finishes
         the new K row into the k_cache buffer -- any other choice would read a K row nobody wrote."""
@@ -336,7 +336,7 @@ class TaskChecks:
             if op == "ATTN_PARTIAL":
                 need(0 <= P["split"] < P["n_splits"], f"split {P['split']} outside [0, n_splits)")
             if op != "ATTN_MERGE":
-                self._check_attn_qk_norm(op, P, s, shape, numel, need)
+                self._check_attn_qk_norm(op, P, s, numel, need)
         elif op == "ARGMAX":
             need(P["n"] >= 1, "n must be >= 1")
         elif op == "L2_PREFETCH":   # the SM sleeps that long without polling the abort flag: keep it short

@@ -21,7 +21,7 @@ for the next launch (amk_exit in vm/csrc/megakernel.cu; a memset and two fills p
 on an H100, docs/PERF.md). An aborted launch leaves counters and status for the report; check_status() clears them.
 The pure functions ``pack_instructions``, ``pack_buffers``, ``pack_queues``, ``static_checks`` and
 ``check_layout`` live in vm/pack.py (the shared-memory layout in vm/smem.py); they run on CPU (tests use them without
-a GPU) and are re-exported here.
+a GPU).
 """
 from __future__ import annotations
 
@@ -32,11 +32,10 @@ import numpy as np
 
 from schedule.ir import BufferKind, MegakernelProgram, find_weight
 from vm import abi
-from vm.pack import (  # noqa: F401 (re-exported: the loader's public names)
-    DTYPE_DETAILS, IO_ADVANCE, IO_POS, IO_TOKEN, KIND_CODES, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN,
-    AbiMismatchError, BuildChoice, MegakernelError, arch_has_bulk_copy, check_layout, device_dtype, launch_knobs,
-    merge_unroll_for, pack_buffers, pack_instructions, pack_queues, prefetch_cap_bytes, preload_buffer_bytes,
-    select_build, static_checks)
+from vm.pack import (  # noqa: F401 (AbiMismatchError: re-exported with the errors the VM raises)
+    DTYPE_DETAILS, IO_ADVANCE, IO_POS, IO_TOKEN, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN, AbiMismatchError,
+    MegakernelError, check_layout, device_dtype, launch_knobs, pack_buffers, pack_instructions, pack_queues,
+    prefetch_cap_bytes, preload_buffer_bytes, select_build, static_checks)
 from vm.smem import _pad4, kv_region_bytes
 
 # ------------------------------------------------------------------------------------------------------------------
