@@ -244,23 +244,28 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None,
 
 AUTO_SPLITS, AUTO_SPLITS_MAX_SEQ = 8, 2048   # attn_splits 0 (auto): this many up to this KV-cache length
 IDLE_SPLITS = (8, 4)   # ... or the most of these whose tasks fit the SMs the QKV phase leaves idle
+IDLE8_MAX_QKV_BYTES = 128 * 1024   # ... 8 of them only where no QKV task streams more weight bytes than this
 IDLE_POLICIES = ("auto", "list_idle")   # sm_assignment values that may put attention on the SMs QKV leaves idle
 
 
-def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int, idle_sms: int = 0) -> int:
+def attn_splits_for(knob: int, n_kv: int, max_seq: int, n_sms: int, idle_sms: int = 0,
+                    qkv_tile_bytes: int = 0) -> int:
     """Split-KV tasks per KV head. knob > 0: that many (at most one per position). 0 (auto): up to 2048 positions
     of KV cache, the most of IDLE_SPLITS (8, 4) whose n_kv x splits attention tasks fit on the ``idle_sms`` SMs the
-    QKV phase leaves idle (the SM assignment puts them there and they load their KV before their wait), else 8;
-    beyond 2048 positions, one wave of attention tasks (n_kv * splits <= n_sms, at least 8, at most 64).
-    Measured on an H100: 4 on the idle SMs beats 8 that do not fit there (llama-3.2-1b / -3b / 3.1-8b 3.4% / 0.7%
-    / 1.6%, docs/PERF.md, thirteenth session; llama-3.2-1b ctx 512 +7.1% with 8, thirty-ninth); where 8 fit too
-    (qwen3-0.6b: 64 of 68 idle SMs) 8 beat 4 (ctx 512 -1.7%, ctx 2048 -2.7%, thirty-ninth session). On
-    llama-3.2-1b without the idle placement (fifth session) 8 is best at ctx 512 (16: +2%; 4: +0.6%); 16 is best at
-    8192 and 32768 (8: +13% / +38%; 24, 32, 64 tasks per head spill into a second wave: +10% to +33%)."""
+    QKV phase leaves idle (the SM assignment puts them there and they load their KV before their wait) -- 8 only
+    where no QKV task streams more than IDLE8_MAX_QKV_BYTES (``qkv_tile_bytes``: the largest QKV task's weight
+    bytes) -- else 8; beyond 2048 positions, one wave of attention tasks (n_kv * splits <= n_sms, at least 8, at
+    most 64). Measured on an H100: 4 on the idle SMs beats 8 that do not fit there (llama-3.2-1b / -3b / 3.1-8b
+    3.4% / 0.7% / 1.6%, docs/PERF.md, thirteenth session; llama-3.2-1b ctx 512 +7.1% with 8, thirty-ninth); where
+    8 fit too, 8 beat 4 on qwen3-0.6b (128 KiB QKV tasks: ctx 512 -1.7%, ctx 2048 -2.7%, thirty-ninth session) and
+    lost on qwen3-1.7b (the same attention shape, 256 KiB QKV tasks: +1.0%, fortieth) -- the byte bound sits
+    between those two measured points. On llama-3.2-1b without the idle placement (fifth session) 8 is best at
+    ctx 512 (16: +2%; 4: +0.6%); 16 is best at 8192 and 32768 (8: +13% / +38%; 24, 32, 64 tasks per head spill
+    into a second wave: +10% to +33%)."""
     if knob > 0:
         return min(knob, max_seq)
     if max_seq <= AUTO_SPLITS_MAX_SEQ:
-        fit = [s for s in IDLE_SPLITS if n_kv * s <= idle_sms]
+        fit = [s for s in IDLE_SPLITS if n_kv * s <= idle_sms and (s <= 4 or qkv_tile_bytes <= IDLE8_MAX_QKV_BYTES)]
         return min(fit[0] if fit else AUTO_SPLITS, max_seq)
     return min(64, max_seq, max(AUTO_SPLITS, n_sms // max(1, n_kv)))
 
@@ -532,7 +537,10 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
                        qkv_reserve(cfg, c.n_kv_heads, S))  # QKV tasks per head
     # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
     idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in IDLE_POLICIES else 0
-    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle)
+    # the largest QKV task's weight bytes (a pair slice of one head, or qkv_heads whole heads)
+    qkv_rows = c.head_dim // hs if hs > 1 else cfg.qkv_heads * c.head_dim
+    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle,
+                             qkv_rows * c.hidden * DType(graph.dtype).nbytes)
     policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
           "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
