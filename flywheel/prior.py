@@ -1,7 +1,7 @@
 """The single source of schedule knobs: their choices, defaults and meaning (plus the learned prior in later code).
 
 Defaults are the best measured point (docs/PERF.md, H100, 2026-11-22/23): sm_assignment auto and attn_splits auto
-('list_idle' with 4 splits on the llama presets and 8 on qwen3 at ctx 512),
+('list_idle' with 4 splits on the llama presets and qwen3-1.7b, 8 on qwen3-0.6b at ctx 512),
 prefetch_depth 0, qkv_head_split auto (2 on the presets), wait_prefetch_kb 64, mlp_prefetch_kb 192
 (gate rows first),
 lm_head_rows auto (tiles of <= 512 rows in whole waves) and auto row tiles (gemv/mlp rows 16/64 on llama-3.2-1b).
@@ -89,8 +89,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("attn_splits", int, 0, range=(0, 64),
          doc="split-KV: the sequence of each KV head is split across this many tasks, merged by online softmax; "
              "0 = auto: for KV caches of up to 2048 positions the most of 8 and 4 whose n_kv_heads x splits tasks "
-             "fit the SMs the QKV phase leaves idle, where sm_assignment is 'auto' or 'list_idle' (8 on qwen3, 4 on "
-             "the llama presets), else 8; beyond, SMs // n_kv_heads (one wave of attention tasks, at least 8)"),
+             "fit the SMs the QKV phase leaves idle, where sm_assignment is 'auto' or 'list_idle' (8 only next to "
+             "QKV tasks of at most 128 KiB: 8 on qwen3-0.6b, 4 on qwen3-1.7b and the llama presets), else 8; "
+             "beyond, SMs // n_kv_heads (one wave of attention tasks, at least 8)"),
     Knob("fuse_attn_merge", bool, False, choices=(False, True),
          doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "
