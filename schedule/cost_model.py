@@ -30,8 +30,10 @@ attention stages, ``EARLY_KV_BYTES``) into shared memory before its wait: when i
 the task before it on its SM has streamed (hint 2, ``early_kv`` 'ahead': the kernel issues the copies as that task
 starts, sharing the SM with its stream; a flow here has a whole SM's cap, so the model starts them after it). Those
 bytes are a flow of their own; what has landed when the task streams costs nothing more (it is on chip) and, all of
-it landed, spares the task its first batch's round trip. Known miss: 'ahead' is predicted 4.7% faster than 'auto'
-on llama-3.2-1b at ctx 8192, where it measured equal (docs/PERF.md, thirty-seventh session).
+it landed, spares the task its first batch's round trip. Known misses: 'ahead' is predicted 4.7% faster than
+'auto' on llama-3.2-1b at ctx 8192, where it measured equal (docs/PERF.md, thirty-seventh session), and 0.5%
+faster on qwen3-0.6b at ctx 512, where it measured 3.0% slower (fortieth); 8 attention splits are predicted
+0.1-0.2% faster than 4 on both qwen3 presets, measured -1.7% (0.6b) and +1.0% (1.7b).
 
 Calibration (H100, ``CALIB``): against the current kernel's measurements in ``docs/measured_ab_h100.jsonl`` (the
 tenth- and eleventh-session A/B tables and benches, transcribed from docs/PERF.md) with
