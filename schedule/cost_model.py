@@ -26,14 +26,14 @@ Bytes that reach L2 before their task streams them, each a flow of its own that 
 What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
 shared-memory preload) is not modelled.
 An attention task with the ``early_kv`` hint copies the KV history of its first tiles (at most the build's
-attention stages, ``EARLY_KV_BYTES``) into shared memory before its wait: when its SM reaches it (hint 1), or when
-the task before it on its SM has streamed (hint 2, ``early_kv`` 'ahead': the kernel issues the copies as that task
-starts, sharing the SM with its stream; a flow here has a whole SM's cap, so the model starts them after it). Those
-bytes are a flow of their own; what has landed when the task streams costs nothing more (it is on chip) and, all of
-it landed, spares the task its first batch's round trip. Known misses: 'ahead' is predicted 4.7% faster than
-'auto' on llama-3.2-1b at ctx 8192, where it measured equal (docs/PERF.md, thirty-seventh session), and 0.5%
-faster on qwen3-0.6b at ctx 512, where it measured 3.0% slower (fortieth); 8 attention splits are predicted
-0.1-0.2% faster than 4 on both qwen3 presets, measured -1.7% (0.6b) and +1.0% (1.7b).
+attention stages, ``EARLY_KV_BYTES``) into shared memory before its wait: when its SM reaches it (hint 1: a flow of
+its own), or -- hint 2, ``early_kv`` 'ahead' -- as the task before it on its SM starts: one SM pulls both, so the
+copies lengthen that task's stream and have landed when it ends. What has landed when the attention task streams
+costs nothing more (it is on chip) and, all of it landed, spares the task its first batch's round trip. (Until the
+fortieth session hint 2's copies started after that stream, a flow with a whole SM's cap of its own: 'ahead' was
+predicted 4.7% faster on llama-3.2-1b at ctx 8192, measured equal, and 0.5% faster on qwen3-0.6b at ctx 512,
+measured 3.0% slower; now -1.0% and +0.3%.) Known miss: 8 attention splits are predicted 0.1-0.2% faster than 4
+on both qwen3 presets, measured -1.7% (0.6b) and +1.0% (1.7b) (docs/PERF.md, thirty-ninth and fortieth sessions).
 
 Calibration (H100, ``CALIB``): against the current kernel's measurements in ``docs/measured_ab_h100.jsonl`` (the
 tenth- and eleventh-session A/B tables and benches, transcribed from docs/PERF.md) with
@@ -364,22 +364,31 @@ class _Sim:
         found = sum(self.flows.cancel(f) for f in self.pf_flows[i])    # in L2 now; the rest joins our stream
         found = min(found, self.bytes[i])
         self.l2_done[i] = found
-        left = self.bytes[i] - found
+        left = self.bytes[i] - found + self._ahead_bytes(i)
         self.start[i], self.streamed[i] = t, True
         if left > 0:
             self.flows.add(i, left)
         else:
             self._after_stream(i, t)
 
+    def _ahead_bytes(self, i: int) -> float:
+        """The KV history task i issues for the next task of its SM (early_kv 2: the kernel issues it as task i
+        starts): one SM pulls both, so the copies lengthen task i's own stream and have landed when it ends."""
+        sm, q = self.sm_of[i], self.p.queues[self.sm_of[i]]
+        if self.heads[sm] < len(q) and self.early[self.index[q[self.heads[sm]]]] == 2:
+            return min(self.bytes[self.index[q[self.heads[sm]]]], EARLY_KV_BYTES)
+        return 0.0
+
     def _after_stream(self, i: int, t: float) -> None:
         """Task i's stream ended at t (it began at self.start[i]): the L2 part, the tail, the signal."""
         c, task = self.c, self.p.tasks[i]
         sm, q = self.sm_of[i], self.p.queues[self.sm_of[i]]
-        if self.heads[sm] < len(q) and self.early[self.index[q[self.heads[sm]]]] == 2:
-            # the next task's KV history, issued by this one (early_kv 2): the kernel issues it as this task starts
-            # and it shares the SM with this task's stream; a flow has a whole SM's cap, so it starts here instead
-            j = self.index[q[self.heads[sm]]]
-            self._prefetch(j, min(self.bytes[j], EARLY_KV_BYTES))
+        ahead = self._ahead_bytes(i)
+        if ahead:   # the next task's KV history came with this task's stream (_ahead_bytes): landed
+            j, fid = self.index[q[self.heads[sm]]], self.next_fid
+            self.next_fid += 1
+            self.flows.size[fid] = ahead   # a finished flow: done_bytes / cancel report its bytes
+            self.pf_flows[j].append(fid)
         b = (0.0 if self.early[i] else self.l2_done[i] / self.l2_bpu) + c.signal_us * (task.out_counter >= 0)
         if task.op in ATTN_OPS:
             b += c.attn_tail_us + c.attn_pos_us * self.pre.positions[i] * int(task.params["group"])
