@@ -12,7 +12,11 @@ QKV start):
     chain ends (last attention done, last merge done, first o_proj "waits met"): the chain waits on its slowest
     group, and which groups are slow differs between processes (docs/PERF.md, thirty-first session);
   * the layer's streaming profile: bytes the executing tasks consume per 0.5 us (each task's est_bytes spread
-    evenly over its execution; L2 hits count as well as HBM reads), as TB/s.
+    evenly over its execution; L2 hits count as well as HBM reads), as TB/s;
+  * the layer's phases against their bytes (``--gbps``, default 3000: an H100's copy rate): how long the QKV phase,
+    the attention chain (QKV done -> first o_proj "waits met"), o_proj, gate/up and down take, the gaps between
+    them, and what their HBM bytes (the trace's hbm_bytes: weights and KV; est_bytes for older traces) would take
+    at that rate -- the excess of each over its bytes.
 """
 from __future__ import annotations
 
@@ -164,6 +168,44 @@ def profile(d, fam, lay, layer: int, dt: float = 0.5) -> list[str]:
     return out
 
 
+PHASES = [("QKV", ("q", "k", "v", "qk_norm")), ("attention chain", ("attn", "attn_merge")), ("o_proj", ("o_proj",)),
+          ("gate/up", ("gate_up",)), ("down", ("down",))]
+
+
+def excess(d, fam, lay, layers, gbps: float) -> list[str]:
+    """Medians over the steps and layers (us): each phase's window -- QKV from the layer's start to its last QKV
+    task done, the attention chain from there to the first o_proj "waits met", o_proj / gate/up / down from their
+    first "waits met" to their last done -- the gaps between them (to the next layer's start), and each phase's
+    bytes at ``gbps`` GB/s."""
+    t1, t2 = d["t1"] / 1e3, d["t2"] / 1e3
+    nb = d["hbm_bytes"] if "hbm_bytes" in d else d["est_bytes"]
+    rows = []
+    for s in range(t1.shape[0]):
+        for L in layers:
+            b, nxt = layer_start(t1[s], fam, lay, L), layer_start(t1[s], fam, lay, L + 1)
+            masks = [(lay == L) & np.isin(fam, fs) for _, fs in PHASES]
+            if nxt is None or not all(m.any() for m in masks):
+                continue
+            qkv_end = t2[s][masks[0]].max()
+            win = [qkv_end - b, t1[s][masks[2]].min() - qkv_end]
+            win += [t2[s][m].max() - t1[s][m].min() for m in masks[2:]]
+            rows.append(win + [nxt - b - sum(win), nxt - b] + [float(nb[m].sum()) for m in masks])
+    if not rows:
+        return ["(no complete layer in these layers: no phase table)"]
+    a = np.median(np.array(rows), axis=0)
+    n = len(PHASES)
+    took, gaps, span, nbytes = a[:n], a[n], a[n + 1], a[n + 2:]
+    at = nbytes / (gbps * 1e3)
+    src = "hbm_bytes" if "hbm_bytes" in d else "est_bytes (input reads included: an older trace)"
+    out = [f"phases against their bytes at {gbps:g} GB/s ({src}; median us over layers and steps)",
+           "phase              takes      MB  at the rate  excess"]
+    for (name, _), tk, mb, r in zip(PHASES, took, nbytes, at):
+        out.append(f"{name:16s} {tk:7.2f} {mb / 1e6:7.2f} {r:12.2f} {tk - r:+7.2f}")
+    out.append(f"{'gaps':16s} {gaps:7.2f} {'':7s} {'':12s} {gaps:+7.2f}")
+    out.append(f"{'layer':16s} {span:7.2f} {nbytes.sum() / 1e6:7.2f} {at.sum():12.2f} {span - at.sum():+7.2f}")
+    return out
+
+
 def step_outline(d, fam, lay) -> list[str]:
     """The whole step, median over the traced steps (us from the step's first task entry): when the embedding is
     done, every layer's span (first q "waits met" to the next layer's; the last layer's ends at the LM head's first
@@ -205,13 +247,17 @@ def main():
     ap.add_argument("npz")
     ap.add_argument("--layers", default="2:14", help="middle layers to average, start:stop")
     ap.add_argument("--profile-layer", type=int, default=8)
+    ap.add_argument("--gbps", type=float, default=3000.0, help="the copy rate the phase table prices bytes at")
     a = ap.parse_args()
+    if a.gbps <= 0:
+        ap.error(f"--gbps {a.gbps}: must be > 0")
     d = np.load(a.npz)
     fam, lay = families(d["label"])
     lo, hi = (int(x) for x in a.layers.split(":"))
     layers = [L for L in range(lo, hi) if layer_start(d["t1"][0], fam, lay, L) is not None]
     for block in (step_outline(d, fam, lay), phases(d, fam, lay, layers), segments(d, fam), lags(d, fam),
-                  chain(d, fam, lay, layers), profile(d, fam, lay, a.profile_layer)):
+                  chain(d, fam, lay, layers), profile(d, fam, lay, a.profile_layer),
+                  excess(d, fam, lay, layers, a.gbps)):
         print("\n".join(block), end="\n\n")
 
 

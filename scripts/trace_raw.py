@@ -7,7 +7,7 @@ never traced; a variant named diag:NAME is a diagnostic build, traced without th
 time (CUDA events), then trace ``--steps`` consecutive steps at position ctx (MegakernelVM.trace_step) and write
 $OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm (queue), smid (physical SM), marks [steps, tasks,
 4] (``--marks`` builds: op entry, input staged, main loop done, closing barrier; else -1), and the program's task
-table (label, op, queue position, first wait counter, out counter, est_bytes) for scripts/hop_anatomy.py, which
+table (label, op, queue position, first wait counter, out counter, est_bytes, hbm_bytes) for scripts/hop_anatomy.py, which
 takes the layers and their phase boundaries apart without the GPU.
 """
 from __future__ import annotations
@@ -28,8 +28,10 @@ from schedule.lower import lower  # noqa: E402
 from scripts.trace_breakdown import parse_variant, set_build_env, variant_parser  # noqa: E402
 
 
-def task_table(prog) -> dict:
-    """The program's tasks as flat arrays (index = position in prog.tasks)."""
+def task_table(prog, ctx: int) -> dict:
+    """The program's tasks as flat arrays (index = position in prog.tasks); hbm_bytes: each task's weight / KV bytes
+    at context ``ctx`` (schedule.cost_model.task_bytes: what it must stream from HBM, its input reads not counted)."""
+    from schedule.cost_model import task_bytes
     index = {t.id: i for i, t in enumerate(prog.tasks)}
     qpos = np.full(len(prog.tasks), -1, dtype=np.int64)
     qsm = np.full(len(prog.tasks), -1, dtype=np.int64)
@@ -39,7 +41,8 @@ def task_table(prog) -> dict:
     return {"label": np.array([t.label for t in prog.tasks]), "op": np.array([t.op for t in prog.tasks]),
             "queue_sm": qsm, "queue_pos": qpos, "out_counter": np.array([t.out_counter for t in prog.tasks]),
             "wait0": np.array([t.waits[0].counter if t.waits else -1 for t in prog.tasks]),
-            "est_bytes": np.array([t.est_bytes for t in prog.tasks], dtype=np.int64)}
+            "est_bytes": np.array([t.est_bytes for t in prog.tasks], dtype=np.int64),
+            "hbm_bytes": np.array([task_bytes(prog, t, ctx) for t in prog.tasks], dtype=np.int64)}
 
 
 def main():
@@ -73,7 +76,7 @@ def main():
             trs.append(vm.trace_step(7 + s, a.ctx))
         lat2 = time_vm(vm, g.config.vocab, a.ctx, a.iters, 3)["us"]
         arrs = {k: np.stack([tr[k] for tr in trs]) for k in ("t0", "t1", "t2", "sm", "smid", "marks")}
-        np.savez_compressed(out_dir / f"raw_{a.model}_{a.ctx}_{name.replace(':', '-')}.npz", **arrs, **task_table(prog))
+        np.savez_compressed(out_dir / f"raw_{a.model}_{a.ctx}_{name.replace(':', '-')}.npz", **arrs, **task_table(prog, a.ctx))
         kind = "bound_us" if diag else "latency_us"
         print(json.dumps({"variant": name, kind: round(lat, 1), kind + "_after": round(lat2, 1),
                           "traced_spans_us": [round(float(t["t2"].max() - t["t0"].min()) / 1e3, 1) for t in trs],

@@ -1,5 +1,5 @@
-"""scripts/hop_anatomy.py: the attention-chain block on a hand-built two-step, one-layer trace (numbers checked by
-hand: medians over the steps, the chain's end from the slowest group)."""
+"""scripts/hop_anatomy.py on hand-built traces (numbers checked by hand): the attention-chain block (medians over the
+steps, the chain's end from the slowest group), the step outline and the phase table against the bytes."""
 from __future__ import annotations
 
 import importlib.util
@@ -95,3 +95,46 @@ def test_step_outline_needs_the_lm_head():
     d = {k: (v[:, keep] if v.ndim == 2 else v[keep]) for k, v in d.items()}
     fam, lay = hop_anatomy.families(d["label"])
     assert hop_anatomy.step_outline(d, fam, lay) == ["(no layers or no LM head in this trace)"]
+
+
+def _phase_trace(with_hbm: bool = True):
+    """Two steps of one layer (L3) and the next layer's first q task (ns); step 1 is step 0 one us later with its
+    down tile two us longer. hbm_bytes: q 3 MB, attention 0.6 MB, o_proj 3, gate/up 15, down 9 (and L4's q 3)."""
+    labels = ["L3.q[0:1].p0", "L3.attn[g0.s0]", "L3.attn_merge[g0]", "L3.o_proj[0:16]", "L3.gate_up[0:64]",
+              "L3.down[0:16]", "L4.q[0:1].p0"]
+    t1 = [1000, 8000, 11500, 13000, 17500, 35500, 46000]
+    t2 = [7000, 11000, 12500, 17000, 35000, 45000, 50000]
+    T1 = [t1, [t + 1000 + (2000 if i == 6 else 0) for i, t in enumerate(t1)]]
+    T2 = [t2, [t + 1000 + (2000 if i >= 5 else 0) for i, t in enumerate(t2)]]
+    d = {"t0": np.zeros((2, len(labels)), np.int64), "t1": np.array(T1, np.int64), "t2": np.array(T2, np.int64),
+         "label": np.array(labels), "est_bytes": np.array([4, 1, 1, 4, 16, 10, 4], np.int64) * 10**6}
+    if with_hbm:
+        d["hbm_bytes"] = np.array([3e6, 6e5, 0, 3e6, 15e6, 9e6, 3e6], np.int64)
+    return d
+
+
+def test_phase_excess_by_hand():
+    d = _phase_trace()
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.excess(d, fam, lay, [3], 3000.0)
+    assert "hbm_bytes" in lines[0] and "3000 GB/s" in lines[0]
+    rows = {ln[:16].strip(): [float(x) for x in ln[16:].split()] for ln in lines[2:]}
+    # QKV 1.0 -> 7.0 us; chain 7.0 -> o_proj's waits met 13.0; o_proj 13 -> 17; gate/up 17.5 -> 35; down 35.5 -> 45
+    # (step 1: 36.5 -> 48, median 10.5); the next layer starts 45 / 47 us after this one's -> 46; gaps 46 - (6 + 6 +
+    # 4 + 17.5 + 10.5) = 2; bytes at 3000 GB/s: 3 MB per us
+    assert rows["QKV"] == [6.0, 3.0, 1.0, 5.0]
+    assert rows["attention chain"] == [6.0, 0.6, 0.2, 5.8]
+    assert rows["o_proj"] == [4.0, 3.0, 1.0, 3.0]
+    assert rows["gate/up"] == [17.5, 15.0, 5.0, 12.5]
+    assert rows["down"] == [10.5, 9.0, 3.0, 7.5]
+    assert rows["gaps"] == [2.0, 2.0]
+    assert rows["layer"] == [46.0, 30.6, 10.2, 35.8]
+
+
+def test_phase_excess_of_an_older_trace_uses_est_bytes():
+    d = _phase_trace(with_hbm=False)
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.excess(d, fam, lay, [3], 2000.0)
+    assert "est_bytes" in lines[0]
+    assert lines[2].split()[1:] == ["6.00", "4.00", "2.00", "+4.00"]   # QKV: 4 MB at 2 MB per us
+    assert hop_anatomy.excess(d, fam, lay, [7], 2000.0) == ["(no complete layer in these layers: no phase table)"]
