@@ -190,6 +190,11 @@ class _Flows:
         del self.end_v[fid]
         self.n -= 1
 
+    def landed(self, fid: int, nbytes: float) -> None:
+        """A flow that moved its bytes inside another one (it takes no share of its own): done_bytes and cancel
+        report them."""
+        self.size[fid] = nbytes
+
 
 @dataclasses.dataclass
 class SimResult:
@@ -364,31 +369,29 @@ class _Sim:
         found = sum(self.flows.cancel(f) for f in self.pf_flows[i])    # in L2 now; the rest joins our stream
         found = min(found, self.bytes[i])
         self.l2_done[i] = found
-        left = self.bytes[i] - found + self._ahead_bytes(i)
+        left = self.bytes[i] - found + self._ahead(i)[1]
         self.start[i], self.streamed[i] = t, True
         if left > 0:
             self.flows.add(i, left)
         else:
             self._after_stream(i, t)
 
-    def _ahead_bytes(self, i: int) -> float:
-        """The KV history task i issues for the next task of its SM (early_kv 2: the kernel issues it as task i
-        starts): one SM pulls both, so the copies lengthen task i's own stream and have landed when it ends."""
+    def _ahead(self, i: int) -> tuple[int, float]:
+        """(next task j of i's SM, bytes) where task i issues j's KV history (early_kv 2: the kernel issues it as
+        task i starts), else (-1, 0): one SM pulls both, so the copies lengthen task i's own stream and have landed
+        when it ends."""
         sm, q = self.sm_of[i], self.p.queues[self.sm_of[i]]
-        if self.heads[sm] < len(q) and self.early[self.index[q[self.heads[sm]]]] == 2:
-            return min(self.bytes[self.index[q[self.heads[sm]]]], EARLY_KV_BYTES)
-        return 0.0
+        j = self.index[q[self.heads[sm]]] if self.heads[sm] < len(q) else -1
+        return (j, min(self.bytes[j], EARLY_KV_BYTES)) if j >= 0 and self.early[j] == 2 else (-1, 0.0)
 
     def _after_stream(self, i: int, t: float) -> None:
         """Task i's stream ended at t (it began at self.start[i]): the L2 part, the tail, the signal."""
         c, task = self.c, self.p.tasks[i]
-        sm, q = self.sm_of[i], self.p.queues[self.sm_of[i]]
-        ahead = self._ahead_bytes(i)
-        if ahead:   # the next task's KV history came with this task's stream (_ahead_bytes): landed
-            j, fid = self.index[q[self.heads[sm]]], self.next_fid
+        j, ahead = self._ahead(i)
+        if ahead:   # the next task's KV history came with this task's stream: landed
+            self.flows.landed(self.next_fid, ahead)
+            self.pf_flows[j].append(self.next_fid)
             self.next_fid += 1
-            self.flows.size[fid] = ahead   # a finished flow: done_bytes / cancel report its bytes
-            self.pf_flows[j].append(fid)
         b = (0.0 if self.early[i] else self.l2_done[i] / self.l2_bpu) + c.signal_us * (task.out_counter >= 0)
         if task.op in ATTN_OPS:
             b += c.attn_tail_us + c.attn_pos_us * self.pre.positions[i] * int(task.params["group"])

@@ -7,8 +7,8 @@ never traced; a variant named diag:NAME is a diagnostic build, traced without th
 time (CUDA events), then trace ``--steps`` consecutive steps at position ctx (MegakernelVM.trace_step) and write
 $OUT/raw_MODEL_CTX_NAME.npz: t0 / t1 / t2 [steps, tasks] (ns: reached, waits met, done), sm (queue), smid (physical SM), marks [steps, tasks,
 4] (``--marks`` builds: op entry, input staged, main loop done, closing barrier; else -1), and the program's task
-table (label, op, queue position, first wait counter, out counter, est_bytes, hbm_bytes) for scripts/hop_anatomy.py, which
-takes the layers and their phase boundaries apart without the GPU.
+table (label, op, queue position, first wait counter, out counter, est_bytes, hbm_bytes) for
+scripts/hop_anatomy.py, which takes the layers and their phase boundaries apart without the GPU.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def main():
             trs.append(vm.trace_step(7 + s, a.ctx))
         lat2 = time_vm(vm, g.config.vocab, a.ctx, a.iters, 3)["us"]
         arrs = {k: np.stack([tr[k] for tr in trs]) for k in ("t0", "t1", "t2", "sm", "smid", "marks")}
-        np.savez_compressed(out_dir / f"raw_{a.model}_{a.ctx}_{name.replace(':', '-')}.npz", **arrs, **task_table(prog, a.ctx))
+        np.savez_compressed(out_dir / f"raw_{a.model}_{a.ctx}_{name.replace(':', '-')}.npz", **arrs,
+                            **task_table(prog, a.ctx))
         kind = "bound_us" if diag else "latency_us"
         print(json.dumps({"variant": name, kind: round(lat, 1), kind + "_after": round(lat2, 1),
                           "traced_spans_us": [round(float(t["t2"].max() - t["t0"].min()) / 1e3, 1) for t in trs],
