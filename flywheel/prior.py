@@ -186,6 +186,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("mlp_prefetch_at", str, "qkv", choices=("layer", "qkv", "attn"),
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
              "tiles (and QK_NORM_ROPE task) done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
+    Knob("mlp_prefetch_spread", bool, False, choices=(False, True),
+         doc="with mlp_prefetch_from 'gate': at most one L2_PREFETCH task per QKV task of the layer; the gate/up "
+             "tiles past that many are cut into row ranges and each task asks for its own tile's head plus one "
+             "range, so no SM runs two prefetch tasks in front of its o_proj tile (whose loads queue behind the "
+             "requests). Only with mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_from", str, "gate", choices=("gate", "both"),
          doc="which rows of a gate/up tile the L2_PREFETCH task asks for: its gate rows first, then its up rows "
              "('gate'), or equal heads of both ('both'). A warp loads a gate row and its up row together, so with "

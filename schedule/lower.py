@@ -40,6 +40,7 @@ from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait)
 from schedule.ops import estimate, kv_ahead_issuer_ok
+from schedule.prefetch import mlp_prefetch, prefetch_owners
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, attn_fold_fits, merged_x_floats
 
@@ -396,17 +397,13 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
         trigger = {"layer": cin, "qkv": c_qks[-1],   # the last group's q and K
                    "attn": c_groups[-1] if by_group else c_attn}[cfg.mlp_prefetch_at]
-        total = cfg.mlp_prefetch_kb * 1024 // b.dtype.nbytes   # elements asked for per tile
-        for r0, rn in _row_tiles(b, c.intermediate, mlp_rows):
-            if cfg.mlp_prefetch_from == "gate":   # the gate rows first: every warp load pairs an L2 hit with a miss
-                na = min(rn * H, total)
-                nb = min(rn * H, total - na)
-            else:                                  # "both": the head of the gate rows and of the up rows
-                na = nb = min(rn * H, total // 2)
-            b.task("L2_PREFETCH", [wg, wu] if nb else [wg], [],
-                   {"start_a": r0 * H, "count_a": na, "has_b": int(nb > 0), "start_b": r0 * H if nb else 0,
-                    "count_b": nb, "delay_ns": cfg.mlp_prefetch_delay_ns},
-                   [trigger], -1, f"L{l}.prefetch[{r0}:{r0 + rn}]")
+        tiles = list(_row_tiles(b, c.intermediate, mlp_rows))
+        owners = len(tiles)
+        if cfg.mlp_prefetch_spread and cfg.mlp_prefetch_from == "gate":
+            n_qkv = qkv_tasks_per_layer(c, cfg.qkv_heads, hs)
+            owners = prefetch_owners(b.sms, n_qkv, nkv * splits, nkv if splits > 1 and not merge and not by_group else 0,
+                                     len(tiles))
+        mlp_prefetch(b, cfg, l, wg, wu, H, tiles, trigger, owners)
     xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
     if by_group:   # x += W_o . attn, one column block per KV group: x is this layer's xmid from here on
         xmid, c_mid = x, b.counter(f"xmid{l}")

@@ -273,6 +273,34 @@ def _check_mlp_prefetch_from(p, v):
         assert a.params["count_a"] > b.params["count_a"]
 
 
+def _check_mlp_prefetch_spread(p, v):
+    """On llama-3.2-1b's shapes (132 SMs: 96 QKV tasks, 32 attention tasks, 4 of the 8 merges on QKV SMs): 92
+    prefetch tasks per layer instead of 128, asking for the same gate rows; no SM queues two of one layer."""
+    assert v is True
+    base = lower(WIDE["mlp_prefetch_spread"], H100, {**defaults(), **REQUIRES.get("mlp_prefetch_spread", {})},
+                 max_seq=64)
+    L = WIDE["mlp_prefetch_spread"].config.n_layers
+    assert len(_prefetch_tasks(base)) == 128 * L and len(_prefetch_tasks(p)) == 92 * L
+
+    def rows(prog):   # {(layer, buffer, element)} ranges as sets of row starts
+        K = prog.meta["hidden"]
+        out = set()
+        for t in _prefetch_tasks(prog):
+            lay = t.label.split(".")[0]
+            for slot, (s0, n) in enumerate(((t.params["start_a"], t.params["count_a"]),
+                                            (t.params["start_b"], t.params["count_b"]))):
+                if slot < len(t.inputs) and n:
+                    assert s0 % K == 0 and n % K == 0
+                    out |= {(lay, t.inputs[slot], r) for r in range(s0 // K, (s0 + n) // K)}
+        return out
+    assert rows(p) == rows(base)
+    assert sum(t.params["count_a"] + t.params["count_b"] for t in _prefetch_tasks(p)) == \
+        sum(t.params["count_a"] + t.params["count_b"] for t in _prefetch_tasks(base))
+    for q in p.queues:
+        layers = [p.tasks[i].label.split(".")[0] for i in q if p.tasks[i].op == "L2_PREFETCH"]
+        assert len(layers) == len(set(layers))
+
+
 def _check_mlp_prefetch_at(p, v):
     base = _lower(**REQUIRES["mlp_prefetch_at"])
     names = {t.waits[0].counter for t in _prefetch_tasks(base)}, {t.waits[0].counter for t in _prefetch_tasks(p)}
@@ -388,7 +416,7 @@ REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns":
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
 # ... and knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
 _QWEN06 = load_model("qwen3-0.6b", dtype="bf16", device="meta")
-WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B,
+WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B, "mlp_prefetch_spread": _LLAMA1B,
         "fold_qk_norm": _QWEN06}
 
 
@@ -406,7 +434,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
               "fuse_residual": _check_fuse_residual, "mlp_prefetch_kb": _check_mlp_prefetch_kb,
               "mlp_prefetch_at": _check_mlp_prefetch_at, "mlp_prefetch_delay_ns": _check_mlp_prefetch_delay_ns,
-              "mlp_prefetch_from": _check_mlp_prefetch_from,
+              "mlp_prefetch_from": _check_mlp_prefetch_from, "mlp_prefetch_spread": _check_mlp_prefetch_spread,
               "balance_tiles": _check_balance_tiles, "dyn_mlp_rows": _check_dyn_mlp_rows,
               "dyn_mlp_static": _check_dyn_mlp_static,
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,

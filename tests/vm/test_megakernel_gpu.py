@@ -281,16 +281,21 @@ def test_build_without_the_programs_dtype_reports_it_then_valid_launch(monkeypat
     assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5
 
 
-@pytest.mark.parametrize("at,frm", [("layer", "gate"), ("qkv", "gate"), ("attn", "gate"), ("qkv", "both")])
-def test_l2_prefetch_tasks_leave_results_bit_identical(at, frm):
+@pytest.mark.parametrize("at,frm,spread", [("layer", "gate", False), ("qkv", "gate", False), ("attn", "gate", False),
+                                           ("qkv", "both", False), ("qkv", "gate", True)])
+def test_l2_prefetch_tasks_leave_results_bit_identical(at, frm, spread):
     from vm.loader import MegakernelVM
     g = graph("wide", "bf16")
     outs = []
     for kb in (0, 512, 64):
-        # 2 kv heads x 2 splits leave half of the 8 SMs idle: the lowering emits prefetch tasks only then
+        # 2 kv heads x 2 splits leave half of the 8 SMs idle: the lowering emits prefetch tasks only then; spread:
+        # on 16 SMs the 16 gate/up tiles' heads go to 10 tasks, 6 of them with a second range of the gate matrix
         prog = lower(g, TARGETS["h100"], {**CONFIGS["default"], "attn_splits": 2, "mlp_prefetch_kb": kb,
-                                          "mlp_prefetch_at": at, "mlp_prefetch_from": frm}, max_seq=48)
+                                          "mlp_prefetch_at": at, "mlp_prefetch_from": frm,
+                                          "mlp_prefetch_spread": spread, "num_sms": 16 if spread else 8},
+                     max_seq=48)
         assert (kb > 0) == any(t.op == "L2_PREFETCH" for t in prog.tasks)
+        assert not spread or kb == 0 or any("+[" in t.label for t in prog.tasks if t.op == "L2_PREFETCH")
         vm = MegakernelVM(prog, g.weights)
         outs.append(torch.stack([vm.step(3 + i, i).clone() for i in range(3)]))
     ref = ReferenceVM(prog, g.weights)
