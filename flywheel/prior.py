@@ -190,7 +190,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="with mlp_prefetch_from 'gate': at most one L2_PREFETCH task per QKV task of the layer; the gate/up "
              "tiles past that many are cut into row ranges and each task asks for its own tile's head plus one "
              "range, so no SM runs two prefetch tasks in front of its o_proj tile (whose loads queue behind the "
-             "requests). Only with mlp_prefetch_kb > 0"),
+             "requests). Off by default: H100, ctx 512, llama-3.2-1b -0.7% / -0.2% / -0.2% in three A/Bs, "
+             "llama-3.2-3b +0.2%, qwen3-0.6b -0.1% (docs/PERF.md, forty-first session). Only with "
+             "mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_from", str, "gate", choices=("gate", "both"),
          doc="which rows of a gate/up tile the L2_PREFETCH task asks for: its gate rows first, then its up rows "
              "('gate'), or equal heads of both ('both'). A warp loads a gate row and its up row together, so with "
