@@ -21,7 +21,8 @@ Bytes that reach L2 before their task streams them, each a flow of its own that 
   ``wait_prefetch_next_kb``: and for the head of the next queued task's (``wait_prefetch_pace_kb``, the requests
   spread over the polls, is not modelled: the bytes count as issued when the wait begins);
 * L2_PREFETCH tasks (``mlp_prefetch_kb``, requests out ``mlp_prefetch_delay_ns`` after the task starts): matched to
-  the consumer tasks whose weight ranges they cover;
+  the consumer tasks whose weight ranges they cover; the requests leave the issuing SM at ``prefetch_drain_gbps``
+  (after its earlier prefetch tasks'), and the SM starts its next task only then;
 * ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
 What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
 shared-memory preload) is not modelled.
@@ -86,6 +87,8 @@ class Calib:
     fused_merge_gbps: float = 12.0   # trace (ninth session): an o_proj tile merging the split-KV partials while it
                                      # stages them (stage 1.5 -> 6.3 us for 67 KB of partials)
     prefetch_issue_us: float = 0.2   # set: an L2_PREFETCH task's issue
+    prefetch_drain_gbps: float = 100.0  # trace (forty-first session): an SM's own L2_PREFETCH requests leave it at
+                                     # ~192 KB per ~2 us; its next task (and a second prefetch task) waits for them
     argmax_gbps: float = 40.0        # set: ARGMAX reading the logits on one SM
     argmax_epilogue_us: float = 0.2  # set: an LM-head tile's block argmax (GEMV has_argmax), not fitted
     launch_us: float = 0.9519        # fit: per step, the launch and block start inside the replayed graph
@@ -290,6 +293,7 @@ class _Sim:
         self.timers: list[tuple[float, int, str, int]] = []
         self.seq = 0
         self.heads = [0] * len(program.queues)
+        self.pf_drained = [0.0] * len(program.queues)   # per SM: when its L2_PREFETCH requests have left it
         self.next_fid = n                   # flow ids: task i streams as flow i; prefetch flows above n
 
     # ---- prefetch bookkeeping ------------------------------------------------------------------------------
@@ -360,10 +364,16 @@ class _Sim:
         self._timer(t + a, "stream", i)
 
     def _issue(self, i: int, t: float) -> None:
-        """An L2_PREFETCH task's requests go out: the consumers' prefetch flows start."""
+        """An L2_PREFETCH task's requests go out: the consumers' prefetch flows start. They leave the SM at
+        ``prefetch_drain_gbps`` after any earlier prefetch task's of the same SM, and the SM's next task starts only
+        then (its own loads queue behind them)."""
+        total = 0
         for ci, nbytes in self.pre.consumers_of.get(i, []):
             self._prefetch(ci, nbytes)
-        self._timer(t + self.c.prefetch_issue_us, "end", i)
+            total += nbytes
+        sm = self.pre.sm_of[i]
+        self.pf_drained[sm] = max(t, self.pf_drained[sm]) + total / (self.c.prefetch_drain_gbps * 1e3)
+        self._timer(max(t + self.c.prefetch_issue_us, self.pf_drained[sm]), "end", i)
 
     def _stream(self, i: int, t: float) -> None:
         found = sum(self.flows.cancel(f) for f in self.pf_flows[i])    # in L2 now; the rest joins our stream

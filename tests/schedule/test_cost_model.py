@@ -160,21 +160,44 @@ def test_wait_prefetch_next_moves_the_next_queued_tasks_bytes_early():
     assert same.end == off.end                                    # the pace is not modelled
 
 
+def _with_prefetches(prog, pfs: list[dict], sm_queue: list[int]):
+    """prog plus L2_PREFETCH tasks (params without delay_ns: 0) on one extra SM, queued as sm_queue says."""
+    n = len(prog.tasks)
+    tasks = [Task(n + k, "L2_PREFETCH", [1], [], -1, [], {"has_b": 0, "start_b": 0, "count_b": 0, "delay_ns": 0,
+                                                              **pf}, sm=len(prog.queues), label=f"pf{k}")
+             for k, pf in enumerate(pfs)]
+    return MegakernelProgram(prog.meta, prog.target, prog.buffers, prog.counters, prog.tasks + tasks,
+                             prog.queues + [sm_queue], prog.config)
+
+
 @pytest.mark.parametrize("delay_ns", [0, 1500])
 def test_l2_prefetch_requests_go_out_after_its_delay(delay_ns):
     # an L2_PREFETCH task on SM 2 covering the rows of GEMV tile 1 (SM 1, which waits for tile 0 on SM 0): it
-    # ends entry + delay + issue after it is ready (hand-computed from the constants)
+    # ends entry + delay + its requests' drain from the SM after it is ready (hand-computed from the constants)
     c = cm.CALIB
     prog = _gemv_program(2, 64, 4096, waits_on_first=True)
     w = prog.buffers[1]
-    pf = Task(2, "L2_PREFETCH", [1], [], -1, [],
-              {"start_a": 64 * 4096, "count_a": 64 * 4096, "has_b": 0, "start_b": 0, "count_b": 0,
-               "delay_ns": delay_ns}, sm=2, label="pf")
-    prog = MegakernelProgram(prog.meta, prog.target, prog.buffers, prog.counters, prog.tasks + [pf],
-                             prog.queues + [[2]], prog.config)
+    nbytes = 64 * 4096 * w.dtype.nbytes   # tile 1's rows
+    prog = _with_prefetches(prog, [{"start_a": 64 * 4096, "count_a": 64 * 4096, "delay_ns": delay_ns}], [2])
     assert w.kind == BufferKind.WEIGHT
     sim = cm.simulate(prog, ctx=0)
-    assert sim.end[2] - sim.ready[2] == pytest.approx(c.entry_us + delay_ns / 1000 + c.prefetch_issue_us, rel=1e-9)
+    drain = max(c.prefetch_issue_us, nbytes / (c.prefetch_drain_gbps * 1e3))
+    assert sim.end[2] - sim.ready[2] == pytest.approx(c.entry_us + delay_ns / 1000 + drain, rel=1e-9)
+
+
+def test_l2_prefetch_requests_of_one_sm_drain_in_turn():
+    # two L2_PREFETCH tasks on one SM (each half of tile 1's rows): the SM is busy until a task's requests have left
+    # it, so the second enters only then and ends its own drain later (docs/PERF.md, forty-first session: a second
+    # prefetch task and the SM's next task waited behind the first's requests)
+    c = cm.CALIB
+    prog = _gemv_program(2, 64, 4096, waits_on_first=True)
+    half = 32 * 4096
+    prog = _with_prefetches(prog, [{"start_a": 64 * 4096, "count_a": half}, {"start_a": 96 * 4096, "count_a": half}],
+                            [2, 3])
+    sim = cm.simulate(prog, ctx=0)
+    one = half * prog.buffers[1].dtype.nbytes / (c.prefetch_drain_gbps * 1e3)
+    assert sim.end[2] - sim.ready[2] == pytest.approx(c.entry_us + one, rel=1e-9)
+    assert sim.end[3] == pytest.approx(sim.end[2] + c.entry_us + one, rel=1e-9)
 
 
 def test_deadlock_is_an_error_not_a_hang():
