@@ -187,10 +187,11 @@ KNOBS: tuple[Knob, ...] = (
          doc="what releases the L2_PREFETCH tasks of a layer: its input ready ('layer'), its last KV group's QKV "
              "tiles (and QK_NORM_ROPE task) done ('qkv'), or attention done ('attn'); only with mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_spread", bool, False, choices=(False, True),
-         doc="with mlp_prefetch_from 'gate': at most one L2_PREFETCH task per QKV task of the layer; the gate/up "
-             "tiles past that many are cut into row ranges and each task asks for its own tile's head plus one "
-             "range, so no SM runs two prefetch tasks in front of its o_proj tile (whose loads queue behind the "
-             "requests). Off by default: H100, ctx 512, llama-3.2-1b -0.7% / -0.2% / -0.2% in three A/Bs, "
+         doc="with mlp_prefetch_from 'gate': at most one L2_PREFETCH task per SM free when the layer's last QKV "
+             "group is done (its QKV SMs less those given a merge); the gate/up tiles past that many are cut into "
+             "row ranges and each task asks for its own tile's head plus one range, so no SM runs two prefetch "
+             "tasks in front of its o_proj tile (whose loads queue behind the requests). Off by default: H100, "
+             "ctx 512, llama-3.2-1b -0.7% / -0.2% / -0.2% / -0.6% in four A/Bs, "
              "llama-3.2-3b +0.2%, qwen3-0.6b -0.1% (docs/PERF.md, forty-first session). Only with "
              "mlp_prefetch_kb > 0"),
     Knob("mlp_prefetch_from", str, "gate", choices=("gate", "both"),

@@ -400,8 +400,8 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
         tiles = list(_row_tiles(b, c.intermediate, mlp_rows))
         owners = len(tiles)
         if cfg.mlp_prefetch_spread and cfg.mlp_prefetch_from == "gate":
-            n_qkv = qkv_tasks_per_layer(c, cfg.qkv_heads, hs)
-            owners = prefetch_owners(b.sms, n_qkv, nkv * splits, nkv if splits > 1 and not merge and not by_group else 0,
+            n_merge = nkv if splits > 1 and not merge and not by_group else 0   # ATTN_MERGE tasks of the layer
+            owners = prefetch_owners(b.sms, qkv_tasks_per_layer(c, cfg.qkv_heads, hs), nkv * splits, n_merge,
                                      len(tiles))
         mlp_prefetch(b, cfg, l, wg, wu, H, tiles, trigger, owners)
     xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")

@@ -28,22 +28,20 @@ def spread_prefetch(tiles: list[tuple[int, int]], head_rows: list[int], owners: 
     return [(r0, rn, e0, en) for (r0, rn), (e0, en) in zip(tiles[:owners], extra)]
 
 
-def mlp_prefetch(b, cfg,  l: int, wg: int, wu: int, H: int, tiles: list[tuple[int, int]],
-                  trigger: int, owners: int) -> None:
+def mlp_prefetch(b, cfg, l: int, wg: int, wu: int, H: int, tiles: list[tuple[int, int]], trigger: int,
+                 owners: int) -> None:
     """The L2_PREFETCH tasks of layer l's gate/up tiles: mlp_prefetch_kb KB of each tile's rows (mlp_prefetch_from).
     With fewer owners than tiles (mlp_prefetch_spread) a task also asks for a row range of a later tile's gate
     head (its second range, on the gate matrix again), so no SM runs two of them in front of its o_proj tile."""
     total = cfg.mlp_prefetch_kb * 1024 // b.dtype.nbytes   # elements asked for per tile
     head_rows = [min(rn * H, total) // H for _, rn in tiles]
     for r0, rn, e0, en in spread_prefetch(tiles, head_rows, owners):
-        if en:                                  # its own gate head, then a share of another tile's
-            na, sb, nb, ins = min(rn * H, total), e0 * H, en * H, [wg, wg]
-        elif cfg.mlp_prefetch_from == "gate":   # the gate rows first: every warp load pairs an L2 hit with a miss
-            na = min(rn * H, total)
-            sb, nb, ins = r0 * H, min(rn * H, total - na), [wg, wu]
-        else:                                   # "both": the head of the gate rows and of the up rows
+        if cfg.mlp_prefetch_from == "both":   # the head of the gate rows and of the up rows
             na = nb = min(rn * H, total // 2)
             sb, ins = r0 * H, [wg, wu]
+        else:   # the gate rows first (every warp load pairs an L2 hit with a miss), then a share of another tile's
+            na = min(rn * H, total)   # gate head (spread) or the head of its own up rows
+            sb, nb, ins = (e0 * H, en * H, [wg, wg]) if en else (r0 * H, min(rn * H, total - na), [wg, wu])
         b.task("L2_PREFETCH", ins if nb else [wg], [],
                {"start_a": r0 * H, "count_a": na, "has_b": int(nb > 0), "start_b": sb if nb else 0, "count_b": nb,
                 "delay_ns": cfg.mlp_prefetch_delay_ns},
