@@ -34,11 +34,13 @@ def _tokens(vocab: int, n: int, seed: int) -> list[int]:
 _REF_CACHE: dict = {}
 
 
-def reference_logits(graph, steps: int = 4, seed: int = 0) -> tuple[list[int], torch.Tensor]:
-    """(tokens, transformers eager fp32 logits [steps, vocab]) for this graph, cached per process."""
-    key = (id(graph), steps, seed)
+def reference_logits(graph, steps: int = 4, seed: int = 0, tokens: list[int] | None = None
+                     ) -> tuple[list[int], torch.Tensor]:
+    """(tokens, transformers eager fp32 logits [steps, vocab]) for this graph, cached per process. ``tokens``: these
+    instead of ``steps`` random ones."""
+    key = (id(graph), steps, seed) if tokens is None else (id(graph), tuple(tokens))
     if key not in _REF_CACHE:
-        toks = _tokens(graph.config.vocab, steps, seed)
+        toks = _tokens(graph.config.vocab, steps, seed) if tokens is None else list(tokens)
         model = graph.hf_model(dtype="f32", device="cuda")
         _REF_CACHE[key] = (toks, hf_logits(model, toks))
         del model
@@ -47,10 +49,18 @@ def reference_logits(graph, steps: int = 4, seed: int = 0) -> tuple[list[int], t
 
 
 def check_program(vm, graph, steps: int = 4, seed: int = 0) -> dict:
-    """Compare the GPU VM's logits with transformers eager (fp32, same weights) for ``steps`` decode steps."""
+    """Compare the GPU VM's logits with transformers eager (fp32, same weights) for ``steps`` decode steps. A
+    multi-step program (vm.n_steps > 1) is also checked on the greedy steps its last launch ran after the given
+    token: their logits against transformers on the given tokens followed by the VM's own greedy ones."""
     toks, ref = reference_logits(graph, steps, seed)
     vm.reset()
     rows = [compare_logits(vm.step(t, i).float().cpu(), ref[i], graph.dtype) for i, t in enumerate(toks)]
+    n = int(getattr(vm, "n_steps", 1))
+    if n > 1:
+        follow = vm.tokens_all[:n - 1].tolist()
+        got = [lg.float().cpu() for lg in vm.step_logits[1:]]
+        _, ref2 = reference_logits(graph, tokens=toks + follow)
+        rows += [compare_logits(got[s], ref2[len(toks) + s], graph.dtype) for s in range(n - 1)]
     vm.reset()
     s = summarize(rows)
     s["correct"] = bool(s["passed"] and s["top1_agreement"] == 1.0)
@@ -58,15 +68,20 @@ def check_program(vm, graph, steps: int = 4, seed: int = 0) -> dict:
 
 
 def time_vm(vm, vocab: int, ctx: int, iters: int = 50, repeats: int = 7, warmup: int = 5) -> dict:
-    """us/token of decode steps at position ``ctx`` (KV bytes of ctx positions are read), token ids rotating."""
+    """us/token of decode steps at position ``ctx`` (KV bytes of ctx positions are read), token ids rotating. A
+    multi-step program's launch (steps at ctx .. ctx + n_steps - 1) counts as n_steps tokens."""
     toks = torch.randint(0, vocab, (iters,), generator=torch.Generator().manual_seed(1)).tolist()
     i = [0]
+    n = int(getattr(vm, "n_steps", 1))
 
     def one():
         vm.step(toks[i[0] % iters], ctx, check=False)
         i[0] += 1
     r = cuda_time_us(one, iters=iters, repeats=repeats, warmup=warmup)
     vm.check_status()
+    if n > 1:
+        r = {**r, "us": r["us"] / n, "min_us": r["min_us"] / n, "max_us": r["max_us"] / n,
+             "repeats": [x / n for x in r["repeats"]], "steps_per_launch": n}
     return r
 
 

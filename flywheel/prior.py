@@ -154,6 +154,12 @@ KNOBS: tuple[Knob, ...] = (
              "ARGMAX_PARTIAL task behind every tile re-reading its logits and an ARGMAX_MERGE gathering the "
              "candidates' logits (two round trips). H100, interleaved: llama-3.2-1b -1.1%, qwen3-0.6b -0.8%, "
              "llama-3.2-3b -0.3% (docs/PERF.md, twenty-second session)"),
+    Knob("steps_per_launch", int, 1, range=(1, 16),
+         doc="greedy decode steps per launch: the step's task graph repeated, step s+1's embedding waiting on step "
+             "s's argmax and reading its token on the device, at position pos + s (the kernel's last block "
+             "advances pos by this many). One launch's end (the launch gap, the argmax tail, the embedding, layer "
+             "0's cold start) is paid once per this many tokens. The logits of every step are kept (logits, "
+             "logits@1, ...); a step() returns the first's"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

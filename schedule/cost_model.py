@@ -474,5 +474,6 @@ def simulate(program: MegakernelProgram | Prepared, target: GpuTarget | None = N
 
 def predict_us(program: MegakernelProgram | Prepared, target: GpuTarget | None = None, ctx: int = 512,
                calib: Calib = CALIB) -> float:
-    """Predicted us per decode step (``latency_kind`` 'predicted')."""
-    return simulate(program, target, ctx, calib).step_us
+    """Predicted us per decode step (``latency_kind`` 'predicted'): a multi-step launch's time over its steps."""
+    pre = program if isinstance(program, Prepared) else Prepared(program, ctx)
+    return simulate(pre, target, ctx, calib).step_us / int(pre.program.meta.get("steps_per_launch", 1))

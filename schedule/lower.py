@@ -25,6 +25,10 @@ The step is a tiled task DAG with fine-grained counters (no whole-layer barriers
     (split_argmax; else one ARGMAX; with argmax_in_lm_head each tile writes its own (max, index) pair and one
     ARGMAX_PAIRS picks among them)
 
+steps_per_launch N > 1 repeats the step N times in one program (one launch): step s+1's EMBED waits on step s's
+argmax counter and reads that token on the device, at position pos@(s+1) = pos + s + 1 (step_io); every step has
+its own activations, counters and IO outputs (logits@s, next_token@s), the KV caches and weights are shared.
+
 Only the points where a whole vector is inherently needed (RMSNorm inputs, o_proj / down_proj inputs) wait on all
 producers; attention for KV head g starts when the QKV tiles of group g are done.
 Tasks are emitted in a topological order; each SM's queue keeps that order, so queues are linear extensions.
@@ -35,18 +39,16 @@ import hashlib
 import json
 import time
 
-from flywheel.prior import KNOB_BY_NAME
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait)
-from schedule.ops import estimate, kv_ahead_issuer_ok
+from schedule.ops import estimate
+from schedule.placement import assign as _assign
 from schedule.prefetch import mlp_prefetch, prefetch_owners
-from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
+from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, attn_fold_fits, merged_x_floats
 
 DEFAULT_MAX_SEQ = 4096
-EARLY_KV_OPS = tuple(n for n, spec in OPCODES.items() if "early_kv" in spec.iparams)   # ops with the hint
-TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
 
 
 class _Builder:
@@ -61,6 +63,10 @@ class _Builder:
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
         self.by_source: dict = {}   # state-dict key (or (key, cols)) -> buffer id
+        self.kv_caches: dict[str, int] = {}   # KV cache name -> buffer id (one cache for every step of a launch)
+        self.head_dim, self.inv_freq_data = 0, []   # the RoPE frequencies' CONST buffer (step_io makes it once)
+        self.step = 0   # the decode step being emitted (steps_per_launch): its activations, counters and labels
+                        # get the suffix "@step" / prefix "s<step>." from step 1 on
 
     def merged_x_fits(self, merge: dict, k: int, rows: int) -> bool:
         """Whether an o_proj GEMV with these merge params (x_splits, x_group, x_head_dim) fits shared memory with x
@@ -71,7 +77,13 @@ class _Builder:
         """Whether an attention task of this geometry can fold the QK-norm (vm/smem.py, default KV stages)."""
         return attn_fold_fits(G, hd, 32 * self.warps)
 
+    def sfx(self, name: str) -> str:
+        """name as step ``self.step`` of a multi-step launch calls it (step 0: unchanged)."""
+        return f"{name}@{self.step}" if self.step else name
+
     def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
+        if kind == BufferKind.ACTIVATION:   # every step of a launch has its own activations
+            name = self.sfx(name)
         b = Buffer(len(self.buffers), name, kind, dtype, tuple(shape), source, space, data)
         self.buffers.append(b)
         return b.id
@@ -89,13 +101,19 @@ class _Builder:
     def act(self, name, n) -> int:
         return self.buf(name, BufferKind.ACTIVATION, DType.F32, (n,))
 
+    def kv_cache(self, name, shape) -> int:
+        """The KV_CACHE buffer ``name`` (one per layer and K/V, shared by every step of a launch)."""
+        if name not in self.kv_caches:
+            self.kv_caches[name] = self.buf(name, BufferKind.KV_CACHE, self.dtype, shape, space=MemSpace.PERSISTENT)
+        return self.kv_caches[name]
+
     def counter(self, name) -> int:
-        self.counters.append(Counter(len(self.counters), name))
+        self.counters.append(Counter(len(self.counters), self.sfx(name)))
         return len(self.counters) - 1
 
     def task(self, op, inputs, outputs, params, waits=(), out_counter=-1, label="") -> int:
         t = Task(len(self.tasks), op, list(inputs), list(outputs), out_counter,
-                 [Wait(c, 0) for c in waits], dict(params), label=label)
+                 [Wait(c, 0) for c in waits], dict(params), label=f"s{self.step}.{label}" if self.step else label)
         self.tasks.append(t)
         return t.id
 
@@ -291,8 +309,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     p = f"model.layers.{l}."
     xin, cin, nw = _norm_input(b, cfg, x, cx, p + "input_layernorm.weight", c, f"xn_attn{l}")
     q = b.act(f"q{l}", c.n_heads * hd)
-    kc = b.buf(f"k_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
-    vc = b.buf(f"v_cache{l}", BufferKind.KV_CACHE, b.dtype, (nkv, S, hd), space=MemSpace.PERSISTENT)
+    kc, vc = b.kv_cache(f"k_cache{l}", (nkv, S, hd)), b.kv_cache(f"v_cache{l}", (nkv, S, hd))
     wq = b.weight(p + "self_attn.q_proj.weight", (c.n_heads * hd, H))
     wk = b.weight(p + "self_attn.k_proj.weight", (nkv * hd, H))
     wv = b.weight(p + "self_attn.v_proj.weight", (nkv * hd, H))
@@ -460,97 +477,34 @@ def _o_proj_by_group(b: _Builder, c, key: str, partial: int, x: int, splits: int
                    [c_groups[g]], c_mid, f"L{l}.o_proj[g{g}][{r0}:{r0 + rn}]")
 
 
-def _assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto") -> list[list[int]]:
-    """Set task.sm by policy; queues keep emission (topological) order. The list policies also set the early_kv
-    hint of a layer's attention tasks when (by the estimate) the SM of every one of them idles before its inputs
-    are ready for at least as long as its KV rows take to stream: the kernel then issues those rows before the
-    task's wait. Measured on an H100 (docs/PERF.md, thirteenth session): -1.4% on llama-3.2-1b with 'list_idle'
-    and 4 splits (all attention tasks on idle SMs); +1.4% with every task of the 'list' placement hinted (queued
-    right behind a QKV task of its group, its copies are still in flight when q's load is issued) and +1.5% at ctx
-    8192 with only the quarter of the tasks that sit on idle SMs hinted (the phase ends with the unhinted ones)."""
-    cost = [t.est_bytes / bw_per_sm * 1e6 + TASK_OVERHEAD_US for t in tasks]
-    early: dict[int, bool] = {}   # per layer (q buffer): every attention task has time to load its KV early
-    if policy == "round_robin":
-        for i, t in enumerate(tasks):
-            t.sm = i % n_sms
-    elif policy == "lpt":
-        load = [0.0] * n_sms
-        for i, t in enumerate(tasks):
-            sm = min(range(n_sms), key=lambda s: (load[s], s))
-            t.sm, load[sm] = sm, load[sm] + cost[i]
-    elif policy in ("list", "list_idle"):
-        # earliest start; ties (every SM free by the time the task's inputs are ready) go to the lowest SM index
-        # ('list') or to the SM idle longest ('list_idle': the task then has the most time to prefetch what it
-        # may read before its wait -- its wait_prefetch_kb of weights, an attention task's KV history rows)
-        idle = policy == "list_idle"
-        free = [0.0] * n_sms
-        done: dict[int, float] = {}  # counter -> time its last producer finishes
-        for i, t in enumerate(tasks):
-            ready = max((done.get(w.counter, 0.0) for w in t.waits), default=0.0)
-            sm = min(range(n_sms), key=lambda s: (max(free[s], ready), free[s] if idle else 0.0, s))
-            if t.op in EARLY_KV_OPS:   # (keyed by the layer's q buffer) its SM idles as long as its KV takes
-                early[t.inputs[0]] = early.get(t.inputs[0], True) and ready - free[sm] >= cost[i] - TASK_OVERHEAD_US
-            fin = max(free[sm], ready) + cost[i]
-            t.sm, free[sm] = sm, fin
-            if t.out_counter >= 0:
-                done[t.out_counter] = max(done.get(t.out_counter, 0.0), fin)
-    else:
-        raise IRError(f"sm_assignment: unknown policy {policy!r} (choices: {KNOB_BY_NAME['sm_assignment'].choices})")
-    for t in tasks:   # the early_kv knob: 'auto' = the list policies' estimate above (no hints under other policies)
-        if t.op in EARLY_KV_OPS and (hints == "on" or (hints in ("auto", "ahead") and early.get(t.inputs[0], False))):
-            t.params["early_kv"] = 1
-    queues: list[list[int]] = [[] for _ in range(n_sms)]
-    for t in tasks:
-        queues[t.sm].append(t.id)
-    # 'ahead': the task before an attention task issues its KV history (vm/csrc: amk_kv_ahead) wherever a weight
-    # tile precedes it. Not in 'auto': measured equal to the same program without it once the attention stages
-    # were 128-byte aligned (docs/PERF.md, thirty-seventh session)
-    if hints == "ahead":
-        by_id = {t.id: t for t in tasks}
-        for q in queues:
-            for prev, cur in zip(q, q[1:]):
-                if by_id[cur].op in EARLY_KV_OPS and kv_ahead_issuer_ok(by_id[prev]):
-                    by_id[cur].params["early_kv"] = 2
-    return queues
+def step_io(b: _Builder, s: int, vocab: int, inv_freq: int | None) -> dict:
+    """The IO buffers of decode step ``s`` of a launch. Step 0: 'token' and 'pos' (IO_INPUT, set by the host or by
+    the previous launch's last block), 'logits' and 'next_token'. Step s >= 1: 'pos@s' (IO_INPUT, pos + s: the
+    loader lays the positions out as one int32 array, pos@s at element s), 'logits@s' and 'next_token@s' (the
+    tokens likewise one array, next_token@s at element s); its token is step s-1's next_token, read on the device."""
+    sx = f"@{s}" if s else ""
+    io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,))} if s == 0 else {}
+    io.update({"pos": b.buf("pos" + sx, BufferKind.IO_INPUT, DType.I32, (1,)),
+               "logits": b.buf("logits" + sx, BufferKind.IO_OUTPUT, DType.F32, (vocab,)),
+               "next_token": b.buf("next_token" + sx, BufferKind.IO_OUTPUT, DType.I32, (1,))})
+    if inv_freq is None:   # (step 0 creates it: the buffers keep the order of one-step programs)
+        inv_freq = b.buf("inv_freq", BufferKind.CONST, DType.F32, (b.head_dim // 2,), data=b.inv_freq_data)
+    return {**io, "inv_freq": inv_freq}
 
 
-def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | None = None,
-          max_seq: int | None = None) -> MegakernelProgram:
-    """Lower one decode step of ``graph`` for ``target`` under ``config``."""
-    t0 = time.perf_counter()
-    cfg = config if isinstance(config, ScheduleConfig) else ScheduleConfig.from_dict(config or {})
-    errs = cfg.check_target(target)
-    if errs:
-        raise IRError("config does not fit the target: " + "; ".join(errs))
+def _step(b: _Builder, graph: ModelGraph, cfg: ScheduleConfig, io: dict, prev, c_tok: int, S: int, splits: int,
+          hs: int, qkv_first: bool) -> None:
+    """One decode step: EMBED, the layers, the LM head and the argmax into io['next_token'] (signalling c_tok).
+    prev: None for a launch's first step, else (the step before's next_token buffer, its counter): the EMBED then
+    waits on it and reads the token on the device (live_token)."""
     c = graph.config
-    S = int(max_seq or min(c.max_position, DEFAULT_MAX_SEQ))
-    if not 1 <= S <= c.max_position:
-        raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
-    if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
-        raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
-    n_sms = cfg.sms_for(target)
-    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
-    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms,
-                       qkv_reserve(cfg, c.n_kv_heads, S))  # QKV tasks per head
-    # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
-    idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in IDLE_POLICIES else 0
-    # the largest QKV task's weight bytes (a pair slice of one head, or qkv_heads whole heads)
-    qkv_rows = c.head_dim // hs if hs > 1 else cfg.qkv_heads * c.head_dim
-    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle,
-                             qkv_rows * c.hidden * DType(graph.dtype).nbytes)
-    policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
-    io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,)),
-          "pos": b.buf("pos", BufferKind.IO_INPUT, DType.I32, (1,)),
-          "logits": b.buf("logits", BufferKind.IO_OUTPUT, DType.F32, (c.vocab,)),
-          "next_token": b.buf("next_token", BufferKind.IO_OUTPUT, DType.I32, (1,)),
-          "inv_freq": b.buf("inv_freq", BufferKind.CONST, DType.F32, (c.head_dim // 2,),
-                            data=[float(v) for v in rope_inv_freq(c)])}
     emb = b.weight("model.embed_tokens.weight", (c.vocab, c.hidden))
     x, cx = b.act("x0", c.hidden), b.counter("x0")
-    b.task("EMBED", [emb, io["token"]], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab,
-                                              "hidden": c.hidden}, [], cx, "embed")
+    tok, waits = (io["token"], []) if prev is None else (prev[0], [prev[1]])
+    b.task("EMBED", [emb, tok], [x], {"col_start": 0, "col_count": c.hidden, "vocab": c.vocab, "hidden": c.hidden,
+                                      "live_token": int(prev is not None)}, waits, cx, "embed")
     for l in range(c.n_layers):
-        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, hs, policy == "list_idle")
+        x, cx = _layer(b, graph, cfg, l, x, cx, io, S, splits, hs, qkv_first)
     xin, cin, nw = _norm_input(b, cfg, x, cx, "model.norm.weight", c, "xn_final")
     lm = b.weight(lm_head_key(c), (c.vocab, c.hidden))
     lm_tiles = (list(_row_tiles(b, c.vocab, cfg.lm_head_rows or LM_HEAD_AUTO_ROWS)) if b.balance_sms   # balance_tiles
@@ -573,16 +527,54 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         b.task("GEMV", ins, [io["logits"]] + ([pairs] if in_tile else []), prm, [cin],
                c_log[k if per_tile else 0], f"lm_head[{r0}:{r0 + rn}]")
     if in_tile:
-        b.task("ARGMAX_PAIRS", [pairs], [io["next_token"]], {"n_cand": len(lm_tiles)}, [c_log[0]], -1, "argmax")
+        b.task("ARGMAX_PAIRS", [pairs], [io["next_token"]], {"n_cand": len(lm_tiles)}, [c_log[0]], c_tok, "argmax")
     elif cfg.split_argmax:
         cand, c_cand = b.buf("argmax_cand", BufferKind.ACTIVATION, DType.I32, (len(lm_tiles),)), b.counter("argmax_cand")
         for k, (r0, rn) in enumerate(lm_tiles):
             b.task("ARGMAX_PARTIAL", [io["logits"]], [cand], {"start": r0, "count": rn, "slot": k}, [c_log[k]], c_cand,
                    f"argmax_part[{r0}:{r0 + rn}]")
         b.task("ARGMAX_MERGE", [io["logits"], cand], [io["next_token"]], {"n": c.vocab, "n_cand": len(lm_tiles)},
-               [c_cand], -1, "argmax")
+               [c_cand], c_tok, "argmax")
     else:
-        b.task("ARGMAX", [io["logits"]], [io["next_token"]], {"n": c.vocab}, c_log, -1, "argmax")
+        b.task("ARGMAX", [io["logits"]], [io["next_token"]], {"n": c.vocab}, c_log, c_tok, "argmax")
+
+
+def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | None = None,
+          max_seq: int | None = None) -> MegakernelProgram:
+    """Lower ``config.steps_per_launch`` greedy decode steps (one launch; usually 1) of ``graph`` for ``target``."""
+    t0 = time.perf_counter()
+    cfg = config if isinstance(config, ScheduleConfig) else ScheduleConfig.from_dict(config or {})
+    errs = cfg.check_target(target)
+    if errs:
+        raise IRError("config does not fit the target: " + "; ".join(errs))
+    c = graph.config
+    S = int(max_seq or min(c.max_position, DEFAULT_MAX_SEQ))
+    if not 1 <= S <= c.max_position:
+        raise IRError(f"max_seq {S} outside [1, {c.max_position}] for this model")
+    if c.head_dim % 2 or c.n_heads % c.n_kv_heads:
+        raise IRError(f"unsupported head layout: head_dim {c.head_dim}, heads {c.n_heads}/{c.n_kv_heads}")
+    n_sms = cfg.sms_for(target)
+    b = _Builder(DType(graph.dtype), n_sms, cfg.balance_tiles, cfg.threads_per_block // 32, target.smem_per_block)
+    hs = qkv_split_for(cfg.qkv_head_split, cfg.qkv_heads, c.n_heads, c.n_kv_heads, c.head_dim, n_sms,
+                       qkv_reserve(cfg, c.n_kv_heads, S))  # QKV tasks per head
+    # SMs a layer's QKV phase leaves idle: where auto placement puts attention (then it loads its KV early)
+    idle = n_sms - qkv_tasks_per_layer(c, cfg.qkv_heads, hs) if cfg.sm_assignment in IDLE_POLICIES else 0
+    # the largest QKV task's weight bytes (a pair slice of one head, or qkv_heads whole heads)
+    qkv_rows = c.head_dim // hs if hs > 1 else cfg.qkv_heads * c.head_dim
+    splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle,
+                             qkv_rows * c.hidden * DType(graph.dtype).nbytes)
+    policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
+    b.head_dim, b.inv_freq_data = c.head_dim, [float(v) for v in rope_inv_freq(c)]
+    inv_freq = None   # the RoPE frequencies' CONST buffer, made with step 0's IO
+    prev = None   # (the step before's next_token buffer, the counter its argmax signals)
+    for s in range(cfg.steps_per_launch):
+        b.step = s
+        io = step_io(b, s, c.vocab, inv_freq)
+        inv_freq = io["inv_freq"]
+        c_tok = b.counter("next_token") if s + 1 < cfg.steps_per_launch else -1   # the next step's EMBED waits
+        _step(b, graph, cfg, io, prev, c_tok, S, splits, hs, policy == "list_idle")
+        prev = (io["next_token"], c_tok)
+    b.step = 0
     b.finalize_thresholds()
 
     numel = lambda i: b.buffers[i].numel  # noqa: E731
@@ -594,7 +586,7 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,
             "hidden": c.hidden, "n_layers": c.n_layers, "kv_bytes_per_token": kv_per_tok,
-            "attn_splits": splits,
+            "attn_splits": splits, "steps_per_launch": cfg.steps_per_launch,
             "schedule_id": schedule_id(cfg_d), "lower_seconds": round(time.perf_counter() - t0, 3)}
     return MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
 

@@ -19,6 +19,8 @@ blocks until ``c >= t``; a block runs its SM queue in order; all blocks are co-r
    a write, are HB-ordered (transitive closure); each element read is written earlier in the step by an
    HB-predecessor (scratch is NaN-poisoned; a KV read needs this step's append); every IO_OUTPUT element is written;
    no KV_CACHE element is written by two tasks in one step (the cache outlives the step: one write would be lost).
+   A multi-step launch (IO_INPUT 'pos@s': step s's position) keeps these KV rules per step, and a KV read of step s
+   must be ordered after every KV append of the steps before it (it reads their rows as its history).
    The members of a claim group (GEMV_SILU_MUL dyn_rows > 0: one computation whose rows the members split at run
    time through a ticket counter) may write their common range unordered among themselves, and only that: they
    must be identical but for dyn_index, cover indices 0..dyn_tasks-1, and no task may wait on or signal the claim.
@@ -451,6 +453,13 @@ class _Validator(TaskChecks):
         gmask: dict[int, int] = {}   # claim counter -> its members' rank bits (their writes may overlap)
         for i, c in getattr(self, "claim_group", {}).items():
             gmask[c] = gmask.get(c, 0) | 1 << rank[i]
+        # a multi-step launch (steps_per_launch): a KV access is at the row of the 'pos' IO buffer its task reads
+        # (pos@s for step s); KV rules that are per step compare accesses of one step only
+        kstep = self._kv_steps()
+        smask: dict[int, int] = {}   # step -> rank bits of its KV-accessing tasks
+        for i, st in kstep.items():
+            smask[st] = smask.get(st, 0) | 1 << rank[i]
+        before = {st: sum(m for t, m in smask.items() if t < st) for st in smask}   # rank bits of earlier steps
         self.wranges: dict[int, dict[int, list]] = {}    # buffer -> rank -> written ranges
         for b, accs in by_buf.items():
             groups: dict[tuple[int, int], list[int]] = {}    # (lo, hi) -> [writer, reader, accumulator mask]
@@ -473,8 +482,9 @@ class _Validator(TaskChecks):
                 w, r, a = ov[(lo, hi)]
                 g = gmask.get(self.claim_group.get(i, -1), 0) if wr and not ac else 0   # fellow members' writes
                 per_task[i].append((b, lo, hi, wr, ac, (w | r) if ac else ((w & ~g) | r | a) if wr else (w | a), w))
-                if wr and self.kinds[b] == BufferKind.KV_CACHE and w & ~(1 << rank[i]):
-                    o = task_order[((w & ~(1 << rank[i])) & -(w & ~(1 << rank[i]))).bit_length() - 1]
+                same = w & smask.get(kstep.get(i, 0), -1) & ~(1 << rank[i])   # this step's other writers
+                if wr and self.kinds[b] == BufferKind.KV_CACHE and same:
+                    o = task_order[(same & -same).bit_length() - 1]
                     if o > i:   # report each pair once
                         self.err("kv-clobber", f"{self.T(i)} and {self.T(o)} both write {self.B(b)} around "
                                                f"[{lo}, {hi}) in one step: the cache persists, so one write is lost "
@@ -506,6 +516,13 @@ class _Validator(TaskChecks):
                 checked += 1
                 if not wr or ac:   # an accumulation reads what it adds to
                     aw = wmask & m
+                    if self.kinds[b] == BufferKind.KV_CACHE and v in kstep:
+                        aw &= smask[kstep[v]]   # the row at pos: this step's append
+                        late = wmask & before[kstep[v]] & ~m   # the history rows earlier steps of the launch append
+                        if late:
+                            self.err("race", f"{self.T(v)} reads {self.B(b)} around [{lo}, {hi}) at a later step "
+                                             f"than {self.T(task_order[(late & -late).bit_length() - 1])}, which "
+                                             f"appends to it, without being ordered after it")
                     if aw:
                         self.read_after_write.add((v, b))
                     key = (b, lo, hi, aw)
@@ -523,6 +540,21 @@ class _Validator(TaskChecks):
                         reported.add((u, v, b))
                         self._report_race(b, v, u, lo, hi, wr, rank, ac)
         self.stats["race_accesses_checked"] = checked
+
+    def _kv_steps(self) -> dict[int, int]:
+        """Task -> the decode step of the KV row it accesses, for tasks with a KV_CACHE access: the step of the
+        'pos' IO_INPUT buffer it reads ('pos' 0, 'pos@s' s; step_io in schedule/lower.py). A task reading no such
+        buffer counts as step 0."""
+        steps = {}
+        for b in self.p.buffers:
+            if self.kinds.get(b.id) == BufferKind.IO_INPUT and (b.name == "pos" or b.name.startswith("pos@")):
+                tail = b.name[4:]
+                steps[b.id] = int(tail) if tail.isdigit() else 0
+        out = {}
+        for i in range(len(self.p.tasks)):
+            if any(self.kinds.get(a.buffer) == BufferKind.KV_CACHE for a in self.acc[i]):
+                out[i] = next((steps[a.buffer] for a in self.acc[i] if a.buffer in steps), 0)
+        return out
 
     def _report_race(self, b: int, v: int, u: int, lo: int, hi: int, v_writes: bool, rank: dict,
                      v_acc: bool = False) -> None:

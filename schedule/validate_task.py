@@ -207,6 +207,16 @@ class TaskChecks:
             need(P["col_start"] >= 0 and P["col_count"] >= 1 and P["col_start"] + P["col_count"] <= P["hidden"],
                  "columns outside [0, hidden)")
             need(shape("table") == (P["vocab"], P["hidden"]), f"table shape {shape('table')} != (vocab, hidden)")
+            tb = self.p.buffers[s["token"]]
+            need(tb.dtype == DType.I32, f"token buffer '{tb.name}' is {tb.dtype.value}, not i32")
+            need(P["live_token"] in (0, 1), f"live_token {P['live_token']} is not 0 or 1")
+            if P["live_token"]:   # read after the wait: the step before's argmax output
+                need(tb.kind in (BufferKind.ACTIVATION, BufferKind.IO_OUTPUT),
+                     f"live_token 1 reads the token after the wait, from an activation or IO output written in the "
+                     f"launch; '{tb.name}' is {tb.kind.value}")
+            else:   # the kernel takes an IO_INPUT's value before the wait (and the launch's token from its params)
+                need(tb.kind == BufferKind.IO_INPUT, f"live_token 0 takes the token before the wait, from an "
+                                                     f"IO_INPUT buffer; '{tb.name}' is {tb.kind.value}")
         elif op == "RMSNORM":
             need(P["n"] == numel("x") == numel("w") == numel("y"), "n, x, w and y sizes differ")
         elif op in ("GEMV", "GEMV_SILU_MUL", "GEMV_SILU_MUL_DOWN"):

@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -96,8 +96,9 @@ _ATTN_QK_IN = (("q_norm_w", "qk_norm"), ("inv_freq", "qk_norm"), ("k_raw", "appe
 _ATTN_QK_OUT = (("k_out", "append_k"),)
 
 _OPS = [
-    # x[col_start:col_start+col_count] = table[token[0], same cols]
-    OpSpec("EMBED", 1, "embed", ("table", "token"), ("x",), ("col_start", "col_count", "vocab", "hidden")),
+    # x[col_start:col_start+col_count] = table[token[0], same cols]. live_token: token[0] is read after the task's
+    # wait (a multi-step launch's step s+1 takes step s's next_token); else the IO_INPUT value read before it
+    OpSpec("EMBED", 1, "embed", ("table", "token"), ("x",), ("col_start", "col_count", "vocab", "hidden", "live_token")),
     # y = x * rsqrt(mean(x^2) + eps) * w
     OpSpec("RMSNORM", 2, "norm", ("x", "w"), ("y",), ("n",), ("eps",)),
     # y[r] = residual[r] + bias[r] + W[r,:] . f(x),  f = rmsnorm(.)*norm_w if has_norm else identity.

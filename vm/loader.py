@@ -140,9 +140,21 @@ class MegakernelVM:
         dev = self.device
         self.tensors: dict[int, torch.Tensor] = {}
         shared: dict[tuple, torch.Tensor] = {}
+        # the launch's positions and next tokens: one int32 array each, step s's buffer at element s (the kernel's
+        # last block advances them together: amk_exit)
+        self.n_steps = n = io_steps(self.program)
+        self.pos_all = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.tokens_all = torch.zeros(n, dtype=torch.int32, device=dev)
+        per_step = {f"{name}@{s}" if s else name: arr[s:s + 1] for s in range(n)
+                    for name, arr in (("pos", self.pos_all), ("next_token", self.tokens_all))}
         for b in self.program.buffers:
             tdt = TORCH_DTYPES[device_dtype(b)]
-            if b.kind == BufferKind.WEIGHT:
+            if b.name in per_step and b.kind in (BufferKind.IO_INPUT, BufferKind.IO_OUTPUT):
+                if tdt != torch.int32 or b.numel != 1:
+                    raise MegakernelError(f"buffer {b.id} '{b.name}': a position / token IO buffer must be one int32, "
+                                          f"got {b.numel} x {b.dtype.value}")
+                t = per_step[b.name]
+            elif b.kind == BufferKind.WEIGHT:
                 key = (b.storage_key, tdt)
                 if key not in shared:
                     w = find_weight(b, weights, MegakernelError)
@@ -165,6 +177,8 @@ class MegakernelVM:
         self.token, self.pos = self.tensors[io["token"]], self.tensors[io["pos"]]
         self.logits, self.next_token = self.tensors[io["logits"]], self.tensors[io["next_token"]]
         self._io_ptrs = (int(self.token.data_ptr()), int(self.pos.data_ptr()), int(self.next_token.data_ptr()))
+        # every step's logits, in step order ('logits', 'logits@1', ...)
+        self.step_logits = [self.tensors[io["logits" if s == 0 else f"logits@{s}"]] for s in range(n)]
         self.kv = [self.tensors[b.id] for b in self.program.buffers if b.kind == BufferKind.KV_CACHE]
         self.max_seq = min([int(b.shape[1]) for b in self.program.buffers if b.kind == BufferKind.KV_CACHE] or [0])
 
@@ -174,11 +188,14 @@ class MegakernelVM:
 
     # -- launching ------------------------------------------------------------------------------------------------
     def _launch(self, flags: int = 0, token: int = 0, pos: int = 0, out_slot=None) -> None:
-        """One launch. The kernel's last block resets the counters and does the step's IO bookkeeping (amk_exit in
-        megakernel.cu): flags IO_TOKEN / IO_POS: this step's token id / position come from ``token`` / ``pos`` (and
-        are stored into their buffers); IO_ADVANCE: afterwards token = next_token, pos += 1, out_slot = next_token."""
+        """One launch (n_steps decode steps). The kernel's last block resets the counters and does the launch's IO
+        bookkeeping (amk_exit in megakernel.cu): flags IO_TOKEN / IO_POS: the first step's token id / position come
+        from ``token`` / ``pos`` (and are stored into their buffers; step s is at pos + s); IO_ADVANCE: afterwards
+        token = the last step's next token, pos += n_steps, out_slot[0:n_steps] = the steps' next tokens."""
+        if out_slot is not None and out_slot.numel() < self.n_steps:
+            raise MegakernelError(f"out_slot holds {out_slot.numel()} tokens, the launch makes {self.n_steps}")
         io = [flags, token, pos, self._io_ptrs[0], self._io_ptrs[1], self._io_ptrs[2],
-              int(out_slot.data_ptr()) if out_slot is not None else 0]
+              int(out_slot.data_ptr()) if out_slot is not None else 0, self.n_steps]
         self.ext.launch(self.instrs, self.queue_offsets, self.queue_items, self.bufs, self.sync, self.n_counters,
                         self.status_offset, self.grid, self.smem_bytes, int(self.timeout_s * 1e9), self.prefetch_cap,
                         self._trace_ptr, self.wait_prefetch_bytes, self.preload_bytes,
@@ -211,6 +228,15 @@ class MegakernelVM:
         else:
             dst.fill_(int(value))
 
+    def _set_pos(self, value) -> None:
+        """The launch's positions from the first: pos[s] = value + s (int or device tensor)."""
+        import torch
+        steps = torch.arange(self.n_steps, dtype=torch.int32, device=self.device)
+        if isinstance(value, torch.Tensor):
+            self.pos_all.copy_(value.reshape(1).to(device=self.device, dtype=torch.int32) + steps)
+        else:
+            self.pos_all.copy_(steps + int(value))
+
     def launch_async(self, token: int | None = None, pos: int | None = None) -> None:
         """Launch one step on the current stream (no host sync, no check): ONE stream operation. The counters are
         0 between launches (the kernel's last block resets them); int token / pos travel in the launch params.
@@ -219,14 +245,17 @@ class MegakernelVM:
         self._launch(flags, int(token or 0), int(pos or 0))
 
     def step(self, token=None, pos=None, check: bool = True):
-        """One decode step -> logits (device fp32 [vocab], the live buffer). token/pos: int (passed in the launch
-        params, no extra stream operation) or device tensor (copied into the IO buffer first)."""
+        """One launch from ``token`` at ``pos`` -> the logits of that token (device fp32 [vocab], the live buffer).
+        token/pos: int (passed in the launch params, no extra stream operation) or device tensor (copied into the
+        IO buffer first). A multi-step program (n_steps > 1) also runs the n_steps - 1 greedy steps after it, at
+        pos + 1, ...: their logits are ``step_logits[1:]``, their tokens ``tokens_all``; the KV rows they append
+        are rewritten by whatever later runs at those positions."""
         import torch
         if isinstance(token, torch.Tensor):
             self._set(self.token, token)
             token = None
         if isinstance(pos, torch.Tensor):
-            self._set(self.pos, pos)
+            self._set_pos(pos)
             pos = None
         for name, v in (("token", token), ("pos", pos)):
             if v is not None and not -2**31 <= int(v) < 2**31:
@@ -292,21 +321,27 @@ class MegakernelVM:
 
     # -- decode loop ----------------------------------------------------------------------------------------------
     def _step_device(self, out_slot) -> None:
-        """One greedy step entirely on the device, one launch: its last block stores out_slot = token = next_token
-        and pos += 1 (IO_ADVANCE)."""
+        """n_steps greedy steps entirely on the device, one launch: its last block stores out_slot[0:n_steps] = the
+        steps' next tokens, token = the last one and pos += n_steps (IO_ADVANCE)."""
         self._launch(IO_ADVANCE, out_slot=out_slot)
 
+    def _launches(self, n_tokens: int) -> int:
+        """Launches that make n_tokens tokens (n_steps each; the last one's extra tokens are dropped)."""
+        return -(-int(n_tokens) // self.n_steps)
+
     def prepare_decode(self, chunk: int) -> bool:
-        """Capture a CUDA graph of ``chunk`` device steps (once per chunk size). False if capture is unsupported."""
+        """Capture a CUDA graph of the launches that make ``chunk`` tokens (once per chunk size). False if capture
+        is unsupported."""
         import torch
         if chunk in self._graphs:
             return self._graphs[chunk] is not None
-        hist = torch.zeros(chunk, dtype=torch.int32, device=self.device)  # the graph writes its tokens here
+        n, k = self.n_steps, self._launches(chunk)
+        hist = torch.zeros(k * n, dtype=torch.int32, device=self.device)  # the graph writes its tokens here
         g = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(g):
-                for j in range(chunk):
-                    self._step_device(hist[j:j + 1])
+                for j in range(k):
+                    self._step_device(hist[j * n:(j + 1) * n])
         except RuntimeError as e:  # cooperative launches not capturable on this driver: run eagerly
             import warnings
             warnings.warn(f"CUDA graph capture of the decode step failed ({e}); decoding without graphs")
@@ -318,35 +353,41 @@ class MegakernelVM:
     def decode_device(self, n_tokens: int, first_token=None, start_pos=None, use_graph: bool = True):
         """Greedy-decode n_tokens on the device -> int32 device tensor [n_tokens]; no host sync.
         first_token / start_pos None = continue from the device state (token = last output, pos advanced).
-        Status is reset once here and is sticky across the steps (a failed step makes the rest exit at once)."""
+        Status is reset once here and is sticky across the steps (a failed step makes the rest exit at once).
+        A multi-step program runs whole launches: with n_tokens not a multiple of n_steps the last launch's extra
+        tokens are dropped, and the device state continues after them."""
         import torch
-        if isinstance(start_pos, int) and self.max_seq and start_pos + n_tokens > self.max_seq:
-            raise MegakernelError(f"decode: positions up to {start_pos + n_tokens - 1} exceed the KV cache "
-                                  f"({self.max_seq} positions)")
+        n_run = self._launches(n_tokens) * self.n_steps
+        if isinstance(start_pos, int) and self.max_seq and start_pos + n_run > self.max_seq:
+            raise MegakernelError(f"decode: positions up to {start_pos + n_run - 1} exceed the KV cache "
+                                  f"({self.max_seq} positions; {n_tokens} tokens in launches of {self.n_steps})")
         if first_token is not None:
             self._set(self.token, first_token)
         if start_pos is not None:
-            self._set(self.pos, start_pos)
+            self._set_pos(start_pos)
         self.sync.zero_()   # status (sticky errors) and counters: a launch that failed unchecked left both
-        out = torch.empty(n_tokens, dtype=torch.int32, device=self.device)
+        out = torch.empty(n_run, dtype=torch.int32, device=self.device)
         entry = self._graphs.get(n_tokens) if use_graph else None
         if entry is not None:
             g, hist = entry
             g.replay()
             out.copy_(hist)
         else:
-            for i in range(n_tokens):
-                self._step_device(out[i:i + 1])
-        return out
+            for i in range(0, n_run, self.n_steps):
+                self._step_device(out[i:i + self.n_steps])
+        return out[:n_tokens]
 
     def decode(self, first_token: int, start_pos: int, n_tokens: int, chunk: int = 32,
                use_graph: bool = True) -> list[int]:
-        """Greedy decode: feed first_token at start_pos, then each output back. One host sync per chunk."""
+        """Greedy decode: feed first_token at start_pos, then each output back. One host sync per chunk (rounded
+        up to whole launches of a multi-step program)."""
         if n_tokens <= 0:
             return []
-        if self.max_seq and start_pos + n_tokens > self.max_seq:
-            raise MegakernelError(f"decode: positions up to {start_pos + n_tokens - 1} exceed the KV cache "
-                                  f"({self.max_seq} positions)")
+        n_run = self._launches(n_tokens) * self.n_steps
+        if self.max_seq and start_pos + n_run > self.max_seq:
+            raise MegakernelError(f"decode: positions up to {start_pos + n_run - 1} exceed the KV cache "
+                                  f"({self.max_seq} positions; {n_tokens} tokens in launches of {self.n_steps})")
+        chunk = self._launches(max(1, chunk)) * self.n_steps
         toks: list[int] = []
         first = True
         while len(toks) < n_tokens:
@@ -393,6 +434,20 @@ class MegakernelVM:
                 f"{self.preload_bytes} B, {self.n_preloaded} preloaded tasks; KV region {self.kv_region_bytes} B, "
                 f"{self.n_kv_ahead} tasks issue the next task's KV), "
                 f"prefetch depth {self.prefetch_depth} cap {self.prefetch_cap} B)")
+
+
+def io_steps(program: MegakernelProgram) -> int:
+    """Decode steps per launch of a program: 1 + its IO_INPUT buffers 'pos@1', 'pos@2', ... (schedule/lower.py
+    step_io), which must be numbered without a gap."""
+    at = sorted(int(b.name[4:]) for b in program.buffers
+                if b.kind == BufferKind.IO_INPUT and b.name.startswith("pos@") and b.name[4:].isdigit())
+    if at != list(range(1, len(at) + 1)):
+        raise MegakernelError(f"program's step positions {['pos@%d' % s for s in at]} are not pos@1 .. pos@{len(at)}")
+    for s in range(1, len(at) + 1):
+        for name in (f"logits@{s}", f"next_token@{s}"):
+            if not any(b.name == name and b.kind == BufferKind.IO_OUTPUT for b in program.buffers):
+                raise MegakernelError(f"program has pos@{s} but no IO output buffer {name!r}")
+    return len(at) + 1
 
 
 def roofline_us(weight_bytes: int, gbps: float = 3050.0) -> float:

@@ -469,13 +469,25 @@ class ReferenceVM:
                         if th <= counters[c]:
                             admit(o)
 
+    @property
+    def n_steps(self) -> int:
+        """Decode steps per launch: 1 + the IO inputs 'pos@1', 'pos@2', ... (schedule/lower.py step_io)."""
+        return 1 + sum(1 for n in self._io if n.startswith("pos@"))
+
     def step(self, token: int, pos: int) -> torch.Tensor:
-        """One decode step: token at position pos -> logits (fp32, [vocab]). Also sets io('next_token')."""
+        """One launch: token at position pos -> its logits (fp32, [vocab]). Also sets io('next_token'). A
+        multi-step program then runs its greedy steps s = 1.. at pos + s (the GPU's pos@s = pos[s], set by the
+        launch): their logits are step_logits()[s], their tokens io('next_token@s')."""
         self._poison()
         self.io("token")[0] = int(token)
-        self.io("pos")[0] = int(pos)
+        for st in range(self.n_steps):
+            self.io(f"pos@{st}" if st else "pos")[0] = int(pos) + st
         self.run()
         return self.io("logits").clone()
+
+    def step_logits(self) -> list[torch.Tensor]:
+        """Every step's logits of the last launch, in step order."""
+        return [self.io(f"logits@{st}" if st else "logits").clone() for st in range(self.n_steps)]
 
     def reset(self) -> None:
         for b in self.program.buffers:

@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 8
+#define AMK_ABI_VERSION 9
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 10
 #define AMK_MAX_IPARAMS 16
@@ -61,6 +61,7 @@
 #define AMK_EMBED_IP_COL_COUNT 1
 #define AMK_EMBED_IP_VOCAB 2
 #define AMK_EMBED_IP_HIDDEN 3
+#define AMK_EMBED_IP_LIVE_TOKEN 4
 #define AMK_EMBED_IN_TABLE 0
 #define AMK_EMBED_IN_TOKEN 1
 #define AMK_EMBED_N_REQUIRED_IN 2

@@ -14,9 +14,10 @@
 
 // AmkParams.io_flags: what this launch takes from its params instead of the IO buffers, and what its last block
 // writes back (the step's input / output bookkeeping, done in the kernel so a step is one launch).
-#define AMK_IO_TOKEN 1    // in_token is this step's token id (also stored into *token at exit)
-#define AMK_IO_POS 2      // in_pos is this step's position (also stored into *pos at exit)
-#define AMK_IO_ADVANCE 4  // at exit: *token = *next_token, *pos = position + 1 (greedy decode on the device)
+#define AMK_IO_TOKEN 1    // in_token is this launch's first token id (also stored into *token at exit)
+#define AMK_IO_POS 2      // in_pos is this launch's first position (pos[s] = in_pos + s also stored at exit)
+#define AMK_IO_ADVANCE 4  // at exit: *token = next_token[n_steps-1], pos[s] = position + n_steps + s (greedy
+                          // decode on the device)
 
 typedef struct AmkParams {
   const AmkInstr* instrs;        // [n_instrs] instruction PODs (index = task position in program.tasks)
@@ -39,10 +40,13 @@ typedef struct AmkParams {
                                      // the first poll; knob wait_prefetch_pace_kb)
   int32_t io_flags;              // AMK_IO_* above
   int32_t in_token, in_pos;      // this step's token id / position where io_flags says so
+  int32_t n_steps;               // decode steps per launch (steps_per_launch): 'pos@s' is pos[s], 'next_token@s'
+                                 // next_token[s]
   int32_t* token;                // first word of the IO buffers 'token' and 'pos' (nullable: no IO bookkeeping)
-  int32_t* pos;
-  const int32_t* next_token;     // first word of 'next_token' (nullable)
-  int32_t* out_token;            // nullable: with AMK_IO_ADVANCE, next_token is also stored here (decode history)
+  int32_t* pos;                  // [n_steps] the launch's positions: pos[s] = pos[0] + s
+  const int32_t* next_token;     // [n_steps] each step's next token (nullable)
+  int32_t* out_token;            // nullable: with AMK_IO_ADVANCE, next_token[0..n_steps) is also stored here
+                                 // (decode history)
 } AmkParams;
 
 // Trace record words per instruction (see AmkParams.trace): wait begin, ready, end, SM, then AMK_TRACE_MARKS

@@ -68,9 +68,11 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
   p.n_counters = (int32_t)n_counters;
   p.n_queues = (int32_t)grid;
   p.smem_bytes = (int32_t)smem_bytes;
-  // io = {io_flags, in_token, in_pos, token, pos, next_token, out_token} (addresses as integers, 0 = none)
-  TORCH_CHECK(io.size() == 7, "amk launch: io must have 7 entries (flags, token id, position, 4 addresses), got ",
-              io.size());
+  // io = {io_flags, in_token, in_pos, token, pos, next_token, out_token, n_steps} (addresses as integers, 0 = none;
+  // pos, next_token and out_token hold n_steps words each)
+  TORCH_CHECK(io.size() == 8, "amk launch: io must have 8 entries (flags, token id, position, 4 addresses, steps), "
+              "got ", io.size());
+  TORCH_CHECK(io[7] >= 1 && io[7] <= 64, "amk launch: steps per launch ", io[7], " out of [1, 64]");
   TORCH_CHECK(io[0] >= 0 && io[0] <= (AMK_IO_TOKEN | AMK_IO_POS | AMK_IO_ADVANCE), "amk launch: io flags ", io[0],
               " unknown");
   TORCH_CHECK(!(io[0] & AMK_IO_ADVANCE) || io[5] != 0, "amk launch: AMK_IO_ADVANCE needs the next_token address");
@@ -84,6 +86,7 @@ void launch(const torch::Tensor& instrs, const torch::Tensor& queue_offsets, con
   p.pos = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(io[4]));
   p.next_token = reinterpret_cast<const int32_t*>(static_cast<uintptr_t>(io[5]));
   p.out_token = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(io[6]));
+  p.n_steps = (int32_t)io[7];
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const int err = amk_launch(&p, (int)grid, (int)smem_bytes, (void*)stream);

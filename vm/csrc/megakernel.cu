@@ -144,9 +144,10 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
 // the bookkeeping that used to be separate stream operations before each launch, so a decode step is one launch:
 //   * resets the counters to 0 for the next launch (the host's memset before each launch: ~3 us of stream gap
 //     per step on an H100, scripts/launch_gaps.py), and the exit count itself;
-//   * stores the step's given token / position into their buffers (AMK_IO_TOKEN / AMK_IO_POS), or with
-//     AMK_IO_ADVANCE feeds the step's output back: token = next_token, pos = position + 1, and next_token into
-//     out_token (the decode history slot) -- what the greedy decode loop did with three small kernels per step.
+//   * stores the launch's given token / positions into their buffers (AMK_IO_TOKEN / AMK_IO_POS: pos[s] = in_pos
+//     + s for its n_steps steps), or with AMK_IO_ADVANCE feeds the last step's output back: token =
+//     next_token[n_steps-1], pos[s] = position + n_steps + s, and next_token[0..n_steps) into out_token (the
+//     decode history slots) -- what the greedy decode loop did with three small kernels per step.
 // After an abort nothing is reset or advanced: the counters stay as they were for the error report (the host
 // reads the waited counter's value) and the host resets the whole sync array when it clears the error
 // (vm/loader.py). The next launch cannot start before this one has finished, so the stores need no fence.
@@ -164,15 +165,18 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   for (int i = amk_tid(); i < p.n_counters; i += AMK_THREADS) p.counters[i] = 0;
   if (amk_tid() == 0) {
     p.status[AMK_STATUS_EXITS] = 0;
-    const int f = p.io_flags;
+    const int f = p.io_flags, n = p.n_steps;
     if (f & AMK_IO_ADVANCE) {  // (binding.cpp checks that flags come with the addresses)
-      const int nt = *(volatile const int*)p.next_token;
-      *p.token = nt;
-      *p.pos = ((f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos) + 1;
-      if (p.out_token != nullptr) *p.out_token = nt;
+      const int p0 = ((f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos) + n;
+      *p.token = ((volatile const int*)p.next_token)[n - 1];
+      for (int s = 0; s < n; ++s) {
+        p.pos[s] = p0 + s;
+        if (p.out_token != nullptr) p.out_token[s] = ((volatile const int*)p.next_token)[s];
+      }
     } else {
       if (f & AMK_IO_TOKEN) *p.token = p.in_token;
-      if (f & AMK_IO_POS) *p.pos = p.in_pos;
+      if (f & AMK_IO_POS)
+        for (int s = 0; s < n; ++s) p.pos[s] = p.in_pos + s;
     }
   }
 }

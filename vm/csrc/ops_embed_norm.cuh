@@ -138,7 +138,9 @@ __device__ __noinline__ void amk_op_embed(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
   const int c0 = in.ip[AMK_EMBED_IP_COL_START], cn = in.ip[AMK_EMBED_IP_COL_COUNT];
   const int V = in.ip[AMK_EMBED_IP_VOCAB], H = in.ip[AMK_EMBED_IP_HIDDEN];
-  const int tok = amk_io_scalar(c, AMK_EMBED_IN_TOKEN);
+  // live_token: the step before's argmax output, written in this launch (read after the wait); else the IO input
+  const int tok = in.ip[AMK_EMBED_IP_LIVE_TOKEN] ? __ldcg((const int*)amk_ptr(c, AMK_EMBED_IN_TOKEN))
+                                                 : amk_io_scalar(c, AMK_EMBED_IN_TOKEN);
   if (tok < 0 || tok >= V) {
     if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, tok);
     return;
