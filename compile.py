@@ -277,14 +277,15 @@ def cmd_bench(args) -> int:
     from eval.bench import format_table, run_bench
     cfg = _load_config(args.config)
     res = run_bench(args.model, args.gpu, args.ctx, cfg, args.dtype or "bf16",
-                    None if args.compile_mode == "none" else args.compile_mode, args.iters)
+                    None if args.compile_mode == "none" else args.compile_mode, args.iters, args.steps_per_launch)
     if args.out:
         _atomic_write(args.out, json.dumps(res, indent=2, default=str))
     if args.json:
         print(json.dumps(res, indent=2, default=str))
     else:
         print(format_table(res))
-    return EXIT_OK if res["amk"]["correct"] else EXIT_REJECTED
+    multi = res.get("amk_multistep")
+    return EXIT_OK if res["amk"]["correct"] and (multi is None or multi["correct"]) else EXIT_REJECTED
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -339,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None)
     b.add_argument("--compile-mode", default="max-autotune-no-cudagraphs", help="torch.compile mode, or 'none'")
     b.add_argument("--iters", type=int, default=50)
+    b.add_argument("--steps-per-launch", type=int, default=8,
+                   help="also time the program as this many greedy steps per launch (knob steps_per_launch; "
+                        "1 = no such row)")
     b.add_argument("--out", help="write the JSON record here")
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)

@@ -123,8 +123,12 @@ def ab_compare(prog_a, prog_b, graph, ctx: int = 512, rounds: int = 6, iters: in
 
 
 def run_bench(model: str, gpu: str = "auto", ctx: int = 512, config=None, dtype: str = "bf16",
-              compile_mode: str | None = "max-autotune-no-cudagraphs", iters: int = 50) -> dict:
-    """The peer table for one model on the live GPU. Returns a JSON-able dict with a 'rows' list."""
+              compile_mode: str | None = "max-autotune-no-cudagraphs", iters: int = 50,
+              steps_per_launch: int = 8) -> dict:
+    """The peer table for one model on the live GPU. Returns a JSON-able dict with a 'rows' list.
+    steps_per_launch > 1 (and a config of one step per launch) adds a row for the same program run as
+    ``steps_per_launch`` greedy steps per launch (knob steps_per_launch; its own correctness gate, every step
+    checked), under the key 'amk_multistep'; ratios stay against the one-step row."""
     from schedule.graph import load_model
     from schedule.ir import get_target
     from schedule.lower import lower
@@ -136,10 +140,19 @@ def run_bench(model: str, gpu: str = "auto", ctx: int = 512, config=None, dtype:
     prog = lower(graph, target, config, max_seq=max_seq)
     bw = hbm_bandwidth()
     amk = measure_program(prog, graph, ctx=ctx, iters=iters)
+    multi = None
+    if steps_per_launch > 1 and int(prog.config.get("steps_per_launch", 1)) == 1:
+        prog_n = lower(graph, target, {**prog.config, "steps_per_launch": int(steps_per_launch)}, max_seq=max_seq)
+        multi = measure_program(prog_n, graph, ctx=ctx, iters=max(4, iters // int(steps_per_launch)))
+        multi["steps_per_launch"] = int(steps_per_launch)
+        multi["schedule_id"] = prog_n.meta["schedule_id"]
     rl = roofline(prog, ctx=ctx, bandwidth_gbps=bw["copy_gbps"] / 1.0)
     peers = torch_baselines(graph, ctx, max_seq, compile_mode, iters=max(10, iters // 2))
     ref = peers.pop("logits_check")
-    rows = [("amk_megakernel", amk["latency_us"])] + [(k, v) for k, v in peers.items() if k.startswith("torch_")]
+    rows = [("amk_megakernel", amk["latency_us"])]
+    if multi is not None:
+        rows.append((f"amk_megakernel_{steps_per_launch}_per_launch", multi["latency_us"]))
+    rows += [(k, v) for k, v in peers.items() if k.startswith("torch_")]
     table = []
     for name, us in rows:
         table.append({"name": name, "us_per_token": None if us is None else round(us, 1),
@@ -148,7 +161,7 @@ def run_bench(model: str, gpu: str = "auto", ctx: int = 512, config=None, dtype:
                                        else round(us / amk["latency_us"], 3))})
     return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
             "model": model, "dtype": dtype, "ctx": ctx, "schedule_id": prog.meta["schedule_id"],
-            "config": prog.config, "bandwidth": bw, "roofline": rl, "amk": amk, "rows": table,
+            "config": prog.config, "bandwidth": bw, "roofline": rl, "amk": amk, "amk_multistep": multi, "rows": table,
             "torch_step_top1": int(ref.argmax()), "notes": peers.get("torch_compile_error", "")}
 
 
@@ -164,4 +177,9 @@ def format_table(res: dict) -> str:
     a = res["amk"]
     lines.append(f"AMK correctness vs transformers: max rel err {a['max_rel_err']:.2e}, top-1 "
                  f"{a['top1_agreement']:.0%} -> {'PASS' if a['correct'] else 'FAIL'}; {a['note']}")
+    m = res.get("amk_multistep")
+    if m:
+        lines.append(f"AMK, {m['steps_per_launch']} steps per launch (every step checked): max rel err "
+                     f"{m['max_rel_err']:.2e}, top-1 {m['top1_agreement']:.0%} -> {'PASS' if m['correct'] else 'FAIL'}; "
+                     f"{m['note']} (us per token = us per launch / {m['steps_per_launch']})")
     return "\n".join(lines)
