@@ -145,6 +145,7 @@ class MegakernelVM:
         self.n_steps = n = io_steps(self.program)
         self.pos_all = torch.zeros(n, dtype=torch.int32, device=dev)
         self.tokens_all = torch.zeros(n, dtype=torch.int32, device=dev)
+        self._step_offsets = torch.arange(n, dtype=torch.int32, device=dev)
         per_step = {f"{name}@{s}" if s else name: arr[s:s + 1] for s in range(n)
                     for name, arr in (("pos", self.pos_all), ("next_token", self.tokens_all))}
         for b in self.program.buffers:
@@ -229,18 +230,22 @@ class MegakernelVM:
             dst.fill_(int(value))
 
     def _set_pos(self, value) -> None:
-        """The launch's positions from the first: pos[s] = value + s (int or device tensor)."""
+        """The launch's positions from the first: pos[s] = value + s (int or device tensor), one small kernel."""
         import torch
-        steps = torch.arange(self.n_steps, dtype=torch.int32, device=self.device)
         if isinstance(value, torch.Tensor):
-            self.pos_all.copy_(value.reshape(1).to(device=self.device, dtype=torch.int32) + steps)
+            value = value.reshape(1).to(device=self.device, dtype=torch.int32)
         else:
-            self.pos_all.copy_(steps + int(value))
+            value = int(value)
+        torch.add(self._step_offsets, value, out=self.pos_all)
 
     def launch_async(self, token: int | None = None, pos: int | None = None) -> None:
         """Launch one step on the current stream (no host sync, no check): ONE stream operation. The counters are
-        0 between launches (the kernel's last block resets them); int token / pos travel in the launch params.
+        0 between launches (the kernel's last block resets them); int token / pos travel in the launch params (a
+        multi-step program's positions are written first: one more stream operation, amk_io_value in common.cuh).
         Errors are sticky: after one, every launch exits at once until check_status() reports and clears it."""
+        if pos is not None and self.n_steps > 1:   # the kernel takes only step 0's position from its params
+            self._set_pos(pos)
+            pos = None
         flags = (IO_TOKEN if token is not None else 0) | (IO_POS if pos is not None else 0)
         self._launch(flags, int(token or 0), int(pos or 0))
 

@@ -17,10 +17,10 @@ from vm.reference_vm import ReferenceVM
 pytestmark = pytest.mark.cuda
 
 
-def _programs(name: str, dtype: str, cfg: str, n: int, max_seq: int = 64):
+def _programs(name: str, dtype: str, cfg: str, n: int, max_seq: int = 64, **extra):
     g = graph(name, dtype)
-    one = lower(g, TARGETS["h100"], CONFIGS[cfg], max_seq=max_seq)
-    many = lower(g, TARGETS["h100"], {**CONFIGS[cfg], "steps_per_launch": n}, max_seq=max_seq)
+    one = lower(g, TARGETS["h100"], {**CONFIGS[cfg], **extra}, max_seq=max_seq)
+    many = lower(g, TARGETS["h100"], {**CONFIGS[cfg], **extra, "steps_per_launch": n}, max_seq=max_seq)
     return g, one, many
 
 
@@ -37,11 +37,15 @@ def _one_step_chain(prog, g, token: int, pos: int, n: int):
     return logits, toks
 
 
-@pytest.mark.parametrize("name,dtype,cfg,n", [("llama-untied", "f32", "default", 3), ("qwen3", "f32", "split", 2),
-                                              ("llama-tied-rope3", "bf16", "lpt", 4)])
-def test_steps_match_one_step_chain(name, dtype, cfg, n):
+# the token hand-over: the next EMBED waits on ARGMAX_PAIRS (default), on ARGMAX_MERGE (argmax_in_lm_head off) or
+# on one ARGMAX (split_argmax off)
+@pytest.mark.parametrize("name,dtype,cfg,n,extra", [
+    ("llama-untied", "f32", "default", 3, {}), ("qwen3", "f32", "split", 2, {}),
+    ("llama-tied-rope3", "bf16", "lpt", 4, {}), ("llama-untied", "f32", "default", 2, {"argmax_in_lm_head": False}),
+    ("qwen3", "f32", "default", 3, {"split_argmax": False})])
+def test_steps_match_one_step_chain(name, dtype, cfg, n, extra):
     from vm.loader import MegakernelVM
-    g, one, many = _programs(name, dtype, cfg, n)
+    g, one, many = _programs(name, dtype, cfg, n, **extra)
     vm = MegakernelVM(many, g.weights)
     assert vm.n_steps == n
     pos = 5

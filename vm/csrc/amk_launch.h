@@ -15,7 +15,8 @@
 // AmkParams.io_flags: what this launch takes from its params instead of the IO buffers, and what its last block
 // writes back (the step's input / output bookkeeping, done in the kernel so a step is one launch).
 #define AMK_IO_TOKEN 1    // in_token is this launch's first token id (also stored into *token at exit)
-#define AMK_IO_POS 2      // in_pos is this launch's first position (pos[s] = in_pos + s also stored at exit)
+#define AMK_IO_POS 2      // in_pos is this launch's first position (pos[s] = in_pos + s also stored at exit; with
+                          // n_steps > 1 the steps' positions pos[1..] must already be in memory)
 #define AMK_IO_ADVANCE 4  // at exit: *token = next_token[n_steps-1], pos[s] = position + n_steps + s (greedy
                           // decode on the device)
 

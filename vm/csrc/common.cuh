@@ -320,11 +320,12 @@ __device__ __forceinline__ int amk_dtype_bytes(int dt) { return (dt == AMK_DTYPE
 __device__ __forceinline__ int amk_io_scalar(const AmkCtx& c, int slot) { return c.slots[slot].scalar; }
 
 // The value of an IO_INPUT buffer (first word at ptr) for this launch: the token id / position the launch was given
-// in its params (AMK_IO_TOKEN / AMK_IO_POS; step s's position 'pos@s' is pos[s] = in_pos + s), else the buffer's word.
+// in its params (AMK_IO_TOKEN / AMK_IO_POS), else the buffer's word. A multi-step launch's later positions 'pos@s'
+// are always read from memory (the loader writes them before a launch given its position): this sits in the task
+// loop, whose register allocation moves with any change, so it stays one comparison per word.
 __device__ __forceinline__ int amk_io_value(const AmkParams& p, const int* ptr) {
   if ((p.io_flags & AMK_IO_TOKEN) && ptr == p.token) return p.in_token;
-  const unsigned s = (unsigned)(ptr - (const int*)p.pos);
-  if ((p.io_flags & AMK_IO_POS) && s < (unsigned)p.n_steps) return p.in_pos + (int)s;
+  if ((p.io_flags & AMK_IO_POS) && ptr == p.pos) return p.in_pos;
   return __ldcg(ptr);
 }
 
