@@ -429,6 +429,34 @@ def _check_fold_qk_norm(p, v):
     assert att and not any(t.params.get("qk_norm", 0) or t.params.get("append_k", 0) for t in att)
 
 
+def _check_steps_per_launch(p, v):
+    """v copies of the one-step program: step s's tasks are labelled 's<s>.' (none for step 0) and read its own
+    position pos@s; step s's EMBED takes its token on the device from step s-1's next_token, waiting on the
+    counter only that step's ARGMAX_PAIRS signals; the KV caches and weights are the one-step program's."""
+    from schedule.ir import BufferKind
+    step = lambda t: int(t.label.split(".")[0][1:]) if t.label.startswith("s") and "." in t.label else 0  # noqa: E731
+    assert len(p.tasks) == v * len(BASE.tasks)
+    kinds = lambda q, k: sorted(b.name for b in q.buffers if b.kind == k)  # noqa: E731
+    assert kinds(p, BufferKind.KV_CACHE) == kinds(BASE, BufferKind.KV_CACHE)
+    assert kinds(p, BufferKind.WEIGHT) == kinds(BASE, BufferKind.WEIGHT)
+    assert kinds(p, BufferKind.IO_INPUT) == sorted(["token", "pos"] + [f"pos@{s}" for s in range(1, v)])
+    name = lambda i: p.buffers[i].name  # noqa: E731
+    emb = sorted((t for t in p.tasks if t.op == "EMBED"), key=step)
+    arg = sorted((t for t in p.tasks if t.op == "ARGMAX_PAIRS"), key=step)
+    assert [step(t) for t in emb] == [step(t) for t in arg] == list(range(v))
+    assert [t.params["live_token"] for t in emb] == [0] + [1] * (v - 1) and not emb[0].waits
+    for s in range(1, v):
+        assert name(emb[s].inputs[1]) == (f"next_token@{s - 1}" if s > 1 else "next_token")
+        assert name(arg[s - 1].outputs[0]) == name(emb[s].inputs[1])
+        assert [w.counter for w in emb[s].waits] == [arg[s - 1].out_counter]
+        assert [t.id for t in p.tasks if arg[s - 1].out_counter in [w.counter for w in t.waits]] == [emb[s].id]
+    assert arg[-1].out_counter == -1
+    for t in p.tasks:
+        if t.op in ("QKV_ROPE", "ATTN_PARTIAL", "ATTN_DECODE", "QK_NORM_ROPE"):
+            pos = [name(i) for i in t.inputs if name(i).startswith("pos")]
+            assert pos == [f"pos@{step(t)}" if step(t) else "pos"], (t.label, pos)
+
+
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
@@ -440,7 +468,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
               "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down,
-              "fold_qk_norm": _check_fold_qk_norm}
+              "fold_qk_norm": _check_fold_qk_norm, "steps_per_launch": _check_steps_per_launch}
 
 
 def test_every_knob_has_an_alternative_value():

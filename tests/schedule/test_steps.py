@@ -1,0 +1,136 @@
+"""Multi-step launches (knob steps_per_launch) on the CPU: the lowered N-step program run by the ReferenceVM equals N
+one-step launches fed their own greedy tokens; the validator's per-step KV rules accept it and reject the orderings
+that would break it; the loader's step count, the cost model's per-token prediction and the knob's bounds."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from schedule.graph import load_model
+from schedule.ir import TARGETS, BufferKind, IRError, ScheduleConfig, validate
+from schedule.lower import lower
+from tests.conftest import small_graph
+from vm.reference_vm import ReferenceVM
+
+H100 = TARGETS["h100"]
+
+
+def _chain(prog, g, token: int, pos: int, n: int) -> tuple[list[torch.Tensor], list[int]]:
+    """n greedy steps of the one-step program, one launch each: (logits, next tokens)."""
+    vm = ReferenceVM(prog, g.weights, seed=1)
+    logits, toks = [], []
+    for i in range(n):
+        logits.append(vm.step(token, pos + i))
+        token = int(vm.io("next_token")[0])
+        toks.append(token)
+    return logits, toks
+
+
+@pytest.mark.parametrize("name,cfg,n", [
+    ("toy", {"num_sms": 8}, 3),
+    ("toy", {"num_sms": 5, "attn_splits": 3, "sm_assignment": "lpt"}, 4),
+    ("toy", {"num_sms": 8, "argmax_in_lm_head": False}, 2),        # hand-over through ARGMAX_MERGE
+    ("toy", {"num_sms": 8, "split_argmax": False}, 2),             # ... through one ARGMAX
+    ("qwen3", {"num_sms": 16, "qkv_head_split": 2}, 3),            # QK-norm + split heads (pos@s in the fold)
+])
+def test_reference_vm_steps_equal_one_step_launches(name, cfg, n):
+    g = load_model("toy", dtype="f32") if name == "toy" else small_graph(name, seed=2)
+    one = lower(g, H100, cfg, max_seq=40)
+    many = lower(g, H100, {**cfg, "steps_per_launch": n}, max_seq=40)
+    assert validate(many).ok
+    want_logits, want_toks = _chain(one, g, 5, 3, 2 * n)
+    vm = ReferenceVM(many, g.weights, seed=7)   # random legal task order
+    assert vm.n_steps == n
+    got, toks, tok = [], [], 5
+    for launch in range(2):
+        vm.step(tok, 3 + launch * n)
+        got += vm.step_logits()
+        toks += [int(vm.io(f"next_token@{s}" if s else "next_token")[0]) for s in range(n)]
+        tok = toks[-1]
+    assert toks == want_toks
+    for a, b in zip(got, want_logits):
+        assert torch.allclose(a, b, rtol=0, atol=1e-5 * float(b.abs().max())), float((a - b).abs().max())
+
+
+def _two_steps():
+    g = load_model("toy", dtype="f32")
+    return lower(g, H100, {"num_sms": 8, "steps_per_launch": 2}, max_seq=32)
+
+
+def test_validator_rejects_a_step_not_waiting_for_the_step_before():
+    p = _two_steps()
+    bad = copy.deepcopy(p)
+    emb = next(t for t in bad.tasks if t.op == "EMBED" and t.waits)
+    emb.waits = []   # step 1 no longer waits on step 0's argmax, and runs first on another SM (queue order would
+    q = bad.queues[emb.sm]   # order it after the argmax where the placement put it behind that task)
+    q.remove(emb.id)
+    emb.sm = (emb.sm + 1) % len(bad.queues)
+    bad.queues[emb.sm].insert(0, emb.id)
+    r = validate(bad)
+    assert not r.ok
+    assert any("s1.embed" in e and "'next_token'" in e for e in r.errors), r.errors[:5]
+
+
+def test_validator_orders_a_step_s_kv_reads_after_the_earlier_steps_appends():
+    p = _two_steps()
+    bad = copy.deepcopy(p)
+    att = next(t for t in bad.tasks if t.op in ("ATTN_PARTIAL", "ATTN_DECODE") and t.label.startswith("s1.L0."))
+    att.waits = []   # step 1's layer-0 attention first on its SM: before step 0's K/V rows are appended
+    bad.queues[att.sm].remove(att.id)
+    bad.queues[att.sm].insert(0, att.id)
+    r = validate(bad)
+    assert any("at a later step" in e and "s1.L0." in e for e in r.errors), r.errors[:5]
+
+
+def test_validator_keeps_kv_appends_per_step():
+    p = _two_steps()
+    assert validate(p).ok   # the two steps append K/V rows at pos and pos@1: not a clobber
+    bad = copy.deepcopy(p)
+    pos0 = next(b.id for b in bad.buffers if b.name == "pos")
+    pos1 = next(b.id for b in bad.buffers if b.name == "pos@1")
+    for t in bad.tasks:   # step 1's tasks at step 0's position: both steps write the same cache row
+        t.inputs = [pos0 if i == pos1 else i for i in t.inputs]
+    r = validate(bad)
+    assert any("both write" in e for e in r.errors), r.errors[:5]
+
+
+def test_validator_checks_the_embedding_token_source():
+    p = _two_steps()
+    bad = copy.deepcopy(p)
+    emb = next(t for t in bad.tasks if t.op == "EMBED" and t.waits)
+    emb.params["live_token"] = 0   # would take the token before its wait, from an IO output
+    assert any("live_token 0" in e for e in validate(bad).errors)
+    bad = copy.deepcopy(p)
+    emb = next(t for t in bad.tasks if t.op == "EMBED" and not t.waits)
+    emb.params["live_token"] = 1   # would read the IO input's memory, not the launch's token
+    assert any("live_token 1" in e for e in validate(bad).errors)
+
+
+def test_io_steps_counts_and_checks_the_step_buffers():
+    from vm.loader import MegakernelError, io_steps
+    p = _two_steps()
+    assert io_steps(p) == 2 and io_steps(lower(load_model("toy", dtype="f32"), H100, {"num_sms": 8})) == 1
+    bad = copy.deepcopy(p)
+    next(b for b in bad.buffers if b.name == "pos@1").name = "pos@2"
+    with pytest.raises(MegakernelError, match="not pos@1"):
+        io_steps(bad)
+    bad = copy.deepcopy(p)
+    next(b for b in bad.buffers if b.name == "logits@1").kind = BufferKind.ACTIVATION
+    with pytest.raises(MegakernelError, match="logits@1"):
+        io_steps(bad)
+
+
+def test_cost_model_predicts_per_token():
+    from schedule.cost_model import predict_us
+    g = load_model("llama-3.2-1b", dtype="bf16", device="meta")
+    one = predict_us(lower(g, H100, {}, max_seq=576), ctx=512)
+    two = predict_us(lower(g, H100, {"steps_per_launch": 2}, max_seq=576), ctx=512)
+    assert 0.8 * one < two < 1.2 * one   # per token, not per launch (that would be ~2x)
+
+
+@pytest.mark.parametrize("v", [0, 17, 2.0])
+def test_steps_per_launch_bounds(v):
+    with pytest.raises(IRError, match="steps_per_launch"):
+        ScheduleConfig(steps_per_launch=v)
