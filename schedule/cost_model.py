@@ -49,7 +49,7 @@ import bisect
 import dataclasses
 import heapq
 
-from schedule.ir import BufferKind, GpuTarget, MegakernelProgram
+from schedule.ir import BufferKind, GpuTarget, MegakernelProgram, task_step
 from schedule.ops import accesses, is_dyn, weight_ranges
 from vm.abi import QKV_MODE_RAW
 from vm.smem import ATTN_STAGE_BYTES, ATTN_STAGES
@@ -235,12 +235,13 @@ class Prepared:
 
 
 def _prefetch_consumers(program: MegakernelProgram) -> dict[int, list[tuple[int, int]]]:
-    """{L2_PREFETCH task index: [(consumer task index, bytes of the consumer's weights it covers)]}."""
-    by_buf: dict[int, list[tuple[int, int, int]]] = {}
+    """{L2_PREFETCH task index: [(consumer task index, bytes of the consumer's weights it covers)]}: the consumers
+    of its own decode step (a multi-step launch reads every weight once per step)."""
+    by_buf: dict[tuple[int, int], list[tuple[int, int, int]]] = {}   # (step, buffer) -> weight ranges
     for i, t in enumerate(program.tasks):
         if t.op in GEMV_OPS:
             for a in _weights(program, t):
-                by_buf.setdefault(a.buffer, []).append((a.lo, a.hi, i))
+                by_buf.setdefault((task_step(t), a.buffer), []).append((a.lo, a.hi, i))
     for v in by_buf.values():
         v.sort()
     out: dict[int, list[tuple[int, int]]] = {}
@@ -249,7 +250,7 @@ def _prefetch_consumers(program: MegakernelProgram) -> dict[int, list[tuple[int,
             continue
         cov = out.setdefault(i, [])
         for a in _weights(program, t):
-            rows = by_buf.get(a.buffer, [])
+            rows = by_buf.get((task_step(t), a.buffer), [])
             k = max(0, bisect.bisect_right(rows, (a.lo, 1 << 62, 0)) - 1)
             while k < len(rows) and rows[k][0] < a.hi:
                 lo, hi, ci = rows[k]

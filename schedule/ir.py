@@ -411,6 +411,15 @@ def topological_order(program: MegakernelProgram) -> list[int] | None:
     return order if len(order) == n else None
 
 
+def task_step(task: "Task") -> int:
+    """The decode step of a multi-step launch a task belongs to (steps_per_launch: schedule/lower.py labels step
+    s >= 1's tasks 's<s>.'); 0 for step 0 and for unlabelled tasks."""
+    lab = task.label or ""
+    if lab.startswith("s") and "." in lab and lab[1:lab.index(".")].isdigit():
+        return int(lab[1:lab.index(".")])
+    return 0
+
+
 def kahn_order(succ: list[list[int]]) -> tuple[list[int], list[int]]:
     """Kahn's topological sort of a graph given as successor lists: (order, remaining in-degrees).
     ``len(order) < len(succ)`` means a cycle; the nodes with in-degree > 0 are on or behind it."""
