@@ -35,8 +35,9 @@ ORDER = ["q", "k", "v", "qk_norm", "attn", "attn_merge", "o_proj", "prefetch", "
 
 
 def families(labels) -> tuple[np.ndarray, np.ndarray]:
-    """Per task: its family and layer (trace_breakdown.family), as arrays."""
-    fl = [family(str(s)) for s in labels]
+    """Per task: its family and layer (trace_breakdown.family), as arrays. Of a multi-step launch (steps_per_launch)
+    only step 0 is taken apart: the later steps' tasks get family '?' and layer -1."""
+    fl = [("?", -1) if re.match(r"s\d+\.", str(s)) else family(str(s)) for s in labels]
     return np.array([f for f, _ in fl]), np.array([layer for _, layer in fl])
 
 

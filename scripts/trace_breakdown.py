@@ -37,7 +37,9 @@ BUILD_KEYS = {"tma": "AMK_TMA", "stages": "AMK_STAGES", "stage_bytes": "AMK_STAG
 
 
 def family(label: str) -> tuple[str, int]:
-    """'L3.gate_up[0:64]' -> ('gate_up', 3); 'lm_head[0:128]' -> ('lm_head', -1)."""
+    """'L3.gate_up[0:64]' -> ('gate_up', 3); 'lm_head[0:128]' -> ('lm_head', -1); a multi-step launch's later
+    steps ('s2.L3.gate_up[0:64]') count as their step-0 twins."""
+    label = re.sub(r"^s\d+\.", "", label)
     m = re.match(r"L(\d+)\.([a-z_]+)", label)
     if m:
         return m.group(2), int(m.group(1))

@@ -254,3 +254,12 @@ def test_spearman_in_cost_model_rank_script():
             for p, m in [(1, 2), (2, 3), (3, 1)]] + [{"config": {}, "latency_us": None, "predicted_us": 1}]
     res = mod.rank_records(recs)
     assert res["n"] == 3 and res["skipped"] == 1 and res["spearman"] == pytest.approx(-0.5)
+
+
+def test_multi_step_config_checks_every_step_of_the_last_launch():
+    """steps_per_launch 3: the CPU check compares each launch's first step (4 launches) and the last launch's two
+    greedy steps against transformers on the reference VM's own tokens: 6 compared steps."""
+    v = harness.evaluate("toy", "h100", {"steps_per_launch": 3}, device="cpu")
+    assert v["correct"] is True and v["status"] == "PASS", v
+    assert v["verify_steps"] == 4 + 2 and v["top1_agreement"] == 1.0 and v["max_abs_err"] < 1e-4
+    assert v["latency_kind"] == "predicted" and v["latency_us"] > v["bound_us"]

@@ -138,3 +138,11 @@ def test_phase_excess_of_an_older_trace_uses_est_bytes():
     assert "est_bytes" in lines[0]
     assert lines[2].split()[1:] == ["6.00", "4.00", "2.00", "+4.00"]   # QKV: 4 MB at 2 MB per us
     assert hop_anatomy.excess(d, fam, lay, [7], 2000.0) == ["(no complete layer in these layers: no phase table)"]
+
+
+def test_families_keep_step_zero_of_a_multi_step_trace():
+    """A multi-step launch's later steps ('s1.' labels) are left out of the layer analysis; trace_breakdown.family
+    counts them as their step-0 twins."""
+    fam, lay = hop_anatomy.families(["L3.q[0:1]", "s1.L3.q[0:1]", "lm_head[0:8]", "s2.argmax"])
+    assert fam.tolist() == ["q", "?", "lm_head", "?"] and lay.tolist() == [3, -1, -1, -1]
+    assert hop_anatomy.family("s1.L3.gate_up[0:64]") == ("gate_up", 3)
