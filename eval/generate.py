@@ -1,5 +1,5 @@
 """GPU generate with the numbers a user asks for: prefill token by token through the megakernel, then greedy decode in
-CUDA-graph chunks with **no host sync inside a chunk** (checked with ``torch.cuda.set_sync_debug_mode("error")``),
+CUDA-graph chunks with **no host sync inside a chunk** (whole launches of a multi-step program: steps_per_launch) (checked with ``torch.cuda.set_sync_debug_mode("error")``),
 tokens read back once per chunk (streamed to ``on_chunk``), decode time from CUDA events.
 
     stats = gpu_generate(vm, prompt, n_new, chunk=32, on_chunk=print)
@@ -18,15 +18,18 @@ def gpu_generate(vm, prompt: list[int], n_new: int, chunk: int = 32, sync_check:
     from vm.loader import MegakernelError
     if not prompt:
         raise MegakernelError("generate: empty prompt")
-    if vm.max_seq and len(prompt) + n_new > vm.max_seq:
+    per = int(getattr(vm, "n_steps", 1))   # a multi-step program decodes in whole launches of this many tokens
+    need = len(prompt) - 1 + -(-n_new // per) * per
+    if vm.max_seq and max(len(prompt) + n_new, need) > vm.max_seq:
         raise MegakernelError(f"generate: {len(prompt)} prompt + {n_new} new tokens exceed the KV cache "
-                              f"({vm.max_seq} positions)")
+                              f"({vm.max_seq} positions{f'; launches of {per} steps' if per > 1 else ''})")
     t0 = time.perf_counter()
     for i, t in enumerate(prompt[:-1]):       # prefill: token by token through the megakernel
         vm.step(int(t), i, check=False)
     vm.check_status()
     prefill_s = time.perf_counter() - t0
     chunk = max(1, min(chunk, n_new))
+    chunk = -(-chunk // per) * per   # whole launches: a chunk's dropped tokens would be skipped by the next chunk
     t1 = time.perf_counter()
     graphs = vm.prepare_decode(chunk)         # capture once (outside the sync-checked region)
     if n_new % chunk:

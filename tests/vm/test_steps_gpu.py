@@ -87,3 +87,14 @@ def test_steps_decode_refuses_positions_past_the_cache():
         vm.step(3, 13)   # its last step would append row 16
     vm.step(3, 0)   # the next launch works
     assert torch.isfinite(vm.step_logits[-1]).all()
+
+
+def test_gpu_generate_decodes_whole_launches():
+    """eval.generate.gpu_generate with 4 steps per launch: a 5-token chunk becomes 8 (whole launches; a chunk's
+    dropped tokens would be skipped by the next chunk), 13 new tokens equal the one-step program's."""
+    from eval.generate import gpu_generate
+    from vm.loader import MegakernelVM
+    g, one, many = _programs("qwen3", "f32", "default", 4)
+    want = MegakernelVM(one, g.weights).generate([4, 8, 15], 13, chunk=5)
+    st = gpu_generate(MegakernelVM(many, g.weights), [4, 8, 15], 13, chunk=5)
+    assert st["tokens"] == want and st["chunk"] == 8 and st["chunks"] == 2
