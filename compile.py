@@ -192,6 +192,12 @@ def cmd_generate(args) -> int:
     if need > graph.config.max_position:
         raise CLIError(f"prompt + max-tokens = {need} exceeds the model's context {graph.config.max_position}")
     cfg = _load_config(args.config)
+    # a multi-step program's launch also runs the steps after its position: the cache holds the last launch's
+    per = int(cfg.steps_per_launch)
+    if need + per - 1 > graph.config.max_position:
+        raise CLIError(f"prompt + max-tokens = {need}, plus {per - 1} positions for launches of steps_per_launch "
+                       f"{per}, exceeds the model's context {graph.config.max_position}")
+    need += per - 1
     t0 = time.perf_counter()
     if args.device == "cpu":
         from vm.reference_vm import ReferenceVM

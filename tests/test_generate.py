@@ -80,3 +80,21 @@ def test_prompt_text_with_tokenizer(tmp_path):
     out = json.loads(r.stdout)
     ref = hf_greedy(small_graph("llama-untied", seed=2).hf_model(), [5, 17, 200], 6)
     assert out["tokens"] == ref and out["text"].split() == [f"w{t}" for t in ref]
+
+
+def test_generate_with_several_steps_per_launch(tmp_path):
+    """A config of 3 greedy steps per launch decodes the same tokens as transformers (CPU reference VM); the KV
+    cache then holds the last launch's 2 extra positions, and a request whose launches pass the model's context
+    is one clear line."""
+    g = small_graph("llama-untied", seed=5)
+    model = g.hf_model()
+    model.save_pretrained(tmp_path / "ck")
+    (tmp_path / "s3.json").write_text(json.dumps({"steps_per_launch": 3}))
+    prompt = [9, 40, 3]
+    r = amk("generate", tmp_path / "ck", "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "7",
+            "--device", "cpu", "--config", tmp_path / "s3.json", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] == hf_greedy(model, prompt, 7)
+    n = g.config.max_position - len(prompt)   # fits one step per launch, not the last launch's 2 extra positions
+    _bad(amk("generate", tmp_path / "ck", "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", str(n),
+             "--device", "cpu", "--config", tmp_path / "s3.json"), "for launches of steps_per_launch 3")
