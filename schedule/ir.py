@@ -39,8 +39,9 @@ class BufferKind(str, enum.Enum):
     WEIGHT = "weight"          # from the checkpoint, read-only
     ACTIVATION = "activation"  # per-step scratch, written then read inside the step (poisoned before each step)
     KV_CACHE = "kv_cache"      # persists across steps
-    IO_INPUT = "io_input"      # written by the host/device loop between steps (token id, position)
-    IO_OUTPUT = "io_output"    # read after the step (logits, next token)
+    IO_INPUT = "io_input"      # written by the host/device loop between launches (token id, position; a launch of
+                               # N steps (steps_per_launch) also has 'pos@1'..'pos@N-1', step s's position pos + s)
+    IO_OUTPUT = "io_output"    # read after the launch (logits, next token; step s >= 1: 'logits@s', 'next_token@s')
     CONST = "const"            # small tables computed at lowering (RoPE inverse frequencies), stored in the program
 
 

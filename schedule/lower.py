@@ -64,7 +64,6 @@ class _Builder:
         self.tasks: list[Task] = []
         self.by_source: dict = {}   # state-dict key (or (key, cols)) -> buffer id
         self.kv_caches: dict[str, int] = {}   # KV cache name -> buffer id (one cache for every step of a launch)
-        self.head_dim, self.inv_freq_data = 0, []   # the RoPE frequencies' CONST buffer (step_io makes it once)
         self.step = 0   # the decode step being emitted (steps_per_launch): its activations, counters and labels
                         # get the suffix "@step" / prefix "s<step>." from step 1 on
 
@@ -477,7 +476,7 @@ def _o_proj_by_group(b: _Builder, c, key: str, partial: int, x: int, splits: int
                    [c_groups[g]], c_mid, f"L{l}.o_proj[g{g}][{r0}:{r0 + rn}]")
 
 
-def step_io(b: _Builder, s: int, vocab: int, inv_freq: int | None) -> dict:
+def step_io(b: _Builder, s: int, vocab: int) -> dict:
     """The IO buffers of decode step ``s`` of a launch. Step 0: 'token' and 'pos' (IO_INPUT, set by the host or by
     the previous launch's last block), 'logits' and 'next_token'. Step s >= 1: 'pos@s' (IO_INPUT, pos + s: the
     loader lays the positions out as one int32 array, pos@s at element s), 'logits@s' and 'next_token@s' (the
@@ -487,9 +486,7 @@ def step_io(b: _Builder, s: int, vocab: int, inv_freq: int | None) -> dict:
     io.update({"pos": b.buf("pos" + sx, BufferKind.IO_INPUT, DType.I32, (1,)),
                "logits": b.buf("logits" + sx, BufferKind.IO_OUTPUT, DType.F32, (vocab,)),
                "next_token": b.buf("next_token" + sx, BufferKind.IO_OUTPUT, DType.I32, (1,))})
-    if inv_freq is None:   # (step 0 creates it: the buffers keep the order of one-step programs)
-        inv_freq = b.buf("inv_freq", BufferKind.CONST, DType.F32, (b.head_dim // 2,), data=b.inv_freq_data)
-    return {**io, "inv_freq": inv_freq}
+    return io
 
 
 def _step(b: _Builder, graph: ModelGraph, cfg: ScheduleConfig, io: dict, prev, c_tok: int, S: int, splits: int,
@@ -564,13 +561,15 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     splits = attn_splits_for(cfg.attn_splits, c.n_kv_heads, S, n_sms, idle,
                              qkv_rows * c.hidden * DType(graph.dtype).nbytes)
     policy = assignment_for(cfg.sm_assignment, c.n_kv_heads, splits, idle)
-    b.head_dim, b.inv_freq_data = c.head_dim, [float(v) for v in rope_inv_freq(c)]
-    inv_freq = None   # the RoPE frequencies' CONST buffer, made with step 0's IO
+    inv_freq = None   # the RoPE frequencies (CONST)
     prev = None   # (the step before's next_token buffer, the counter its argmax signals)
     for s in range(cfg.steps_per_launch):
         b.step = s
-        io = step_io(b, s, c.vocab, inv_freq)
-        inv_freq = io["inv_freq"]
+        io = step_io(b, s, c.vocab)
+        if inv_freq is None:   # made after step 0's IO: a one-step program's buffers keep their order
+            inv_freq = b.buf("inv_freq", BufferKind.CONST, DType.F32, (c.head_dim // 2,),
+                             data=[float(v) for v in rope_inv_freq(c)])
+        io["inv_freq"] = inv_freq
         c_tok = b.counter("next_token") if s + 1 < cfg.steps_per_launch else -1   # the next step's EMBED waits
         _step(b, graph, cfg, io, prev, c_tok, S, splits, hs, policy == "list_idle")
         prev = (io["next_token"], c_tok)
