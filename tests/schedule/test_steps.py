@@ -17,9 +17,12 @@ from vm.reference_vm import ReferenceVM
 H100 = TARGETS["h100"]
 
 
-def _chain(prog, g, token: int, pos: int, n: int) -> tuple[list[torch.Tensor], list[int]]:
-    """n greedy steps of the one-step program, one launch each: (logits, next tokens)."""
+def _chain(prog, g, token: int, pos: int, n: int, history: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+    """n greedy steps of the one-step program on the ReferenceVM, one launch each, from ``token`` at ``pos``:
+    (logits, next tokens). history: first fill positions 0..pos-1 with tokens 7, 8, ... (a prefix to attend to)."""
     vm = ReferenceVM(prog, g.weights, seed=1)
+    for i in range(pos if history else 0):
+        vm.step(7 + i, i)
     logits, toks = [], []
     for i in range(n):
         logits.append(vm.step(token, pos + i))

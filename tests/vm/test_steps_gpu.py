@@ -11,8 +11,8 @@ import torch
 
 from schedule.ir import TARGETS
 from schedule.lower import lower
+from tests.schedule.test_steps import _chain
 from tests.vm.test_megakernel_gpu import CONFIGS, graph, rel_err
-from vm.reference_vm import ReferenceVM
 
 pytestmark = pytest.mark.cuda
 
@@ -22,19 +22,6 @@ def _programs(name: str, dtype: str, cfg: str, n: int, max_seq: int = 64, **extr
     one = lower(g, TARGETS["h100"], {**CONFIGS[cfg], **extra}, max_seq=max_seq)
     many = lower(g, TARGETS["h100"], {**CONFIGS[cfg], **extra, "steps_per_launch": n}, max_seq=max_seq)
     return g, one, many
-
-
-def _one_step_chain(prog, g, token: int, pos: int, n: int):
-    """(logits, next tokens) of n greedy steps of the one-step program on the ReferenceVM."""
-    ref = ReferenceVM(prog, g.weights)
-    for i in range(pos):   # a history to attend to: the same prefix the GPU VM is given
-        ref.step(7 + i, i)
-    logits, toks = [], []
-    for i in range(n):
-        logits.append(ref.step(token, pos + i))
-        token = int(ref.io("next_token")[0])
-        toks.append(token)
-    return logits, toks
 
 
 # the token hand-over: the next EMBED waits on ARGMAX_PAIRS (default), on ARGMAX_MERGE (argmax_in_lm_head off) or
@@ -52,7 +39,7 @@ def test_steps_match_one_step_chain(name, dtype, cfg, n, extra):
     for i in range(pos):
         vm.step(7 + i, i)
     vm.step(11, pos)
-    want_logits, want_toks = _one_step_chain(one, g, 11, pos, n)
+    want_logits, want_toks = _chain(one, g, 11, pos, n, history=True)
     tol = 1e-5 if dtype == "f32" else 2e-2
     for s in range(n):
         assert rel_err(vm.step_logits[s], want_logits[s]) <= tol, f"step {s}"
