@@ -178,6 +178,7 @@ def _reference_logits(model_id, graph, seed, tokens):
 def _cpu_correctness(v, model_id, graph, prog, n_steps, seed) -> None:
     import torch
     from eval.equivalence import compare_logits, summarize
+    from schedule.ir import step_name
     from vm.reference_vm import ReferenceVM, VMError
     per_launch = int(prog.meta.get("steps_per_launch", 1))   # a launch from position i also runs i+1 .. i+N-1
     n = max(1, min(int(n_steps), int(prog.meta.get("max_seq", n_steps)) - per_launch + 1))
@@ -189,7 +190,7 @@ def _cpu_correctness(v, model_id, graph, prog, n_steps, seed) -> None:
         rows = [compare_logits(vm.step(t, i), ref[i], graph.dtype) for i, t in enumerate(toks)]
         if per_launch > 1:   # the last launch's greedy steps: against transformers on the VM's own tokens
             got = vm.step_logits()[1:]
-            follow = [int(vm.io(f"next_token@{s}" if s else "next_token")[0]) for s in range(per_launch - 1)]
+            follow = [int(vm.io(step_name("next_token", s))[0]) for s in range(per_launch - 1)]
             ref2 = _reference_logits(model_id, graph, seed, toks + follow)
             rows += [compare_logits(got[s], ref2[n + s], graph.dtype) for s in range(per_launch - 1)]
     except VMError as e:

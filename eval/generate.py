@@ -1,6 +1,6 @@
 """GPU generate with the numbers a user asks for: prefill token by token through the megakernel, then greedy decode in
-CUDA-graph chunks with **no host sync inside a chunk** (whole launches of a multi-step program: steps_per_launch) (checked with ``torch.cuda.set_sync_debug_mode("error")``),
-tokens read back once per chunk (streamed to ``on_chunk``), decode time from CUDA events.
+CUDA-graph chunks (whole launches of a multi-step program) with **no host sync inside a chunk** (checked with
+``torch.cuda.set_sync_debug_mode("error")``), tokens read back once per chunk (streamed to ``on_chunk``), decode time from CUDA events.
 
     stats = gpu_generate(vm, prompt, n_new, chunk=32, on_chunk=print)
     stats["tokens"], stats["decode_us_per_token"], stats["sync_check"]

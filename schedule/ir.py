@@ -412,6 +412,20 @@ def topological_order(program: MegakernelProgram) -> list[int] | None:
     return order if len(order) == n else None
 
 
+def step_name(base: str, step: int) -> str:
+    """The name of decode step ``step``'s copy of a per-step buffer or counter in a multi-step launch
+    (steps_per_launch): ``base`` for step 0, ``base@step`` after it ('pos@2', 'logits@1', 'x0@3')."""
+    return f"{base}@{step}" if step else base
+
+
+def name_step(name: str, base: str) -> int | None:
+    """The step whose copy of ``base`` is called ``name`` (step_name's inverse), None if it is not one."""
+    if name == base:
+        return 0
+    tail = name[len(base) + 1:] if name.startswith(base + "@") else ""
+    return int(tail) if tail.isdigit() and int(tail) > 0 else None
+
+
 def task_step(task: "Task") -> int:
     """The decode step of a multi-step launch a task belongs to (steps_per_launch: schedule/lower.py labels step
     s >= 1's tasks 's<s>.'); 0 for step 0 and for unlabelled tasks."""

@@ -41,7 +41,7 @@ import time
 
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
-                         ScheduleConfig, Task, Wait)
+                         ScheduleConfig, Task, Wait, step_name)
 from schedule.ops import estimate
 from schedule.placement import assign as _assign
 from schedule.prefetch import mlp_prefetch, prefetch_owners
@@ -78,7 +78,7 @@ class _Builder:
 
     def sfx(self, name: str) -> str:
         """name as step ``self.step`` of a multi-step launch calls it (step 0: unchanged)."""
-        return f"{name}@{self.step}" if self.step else name
+        return step_name(name, self.step)
 
     def buf(self, name, kind, dtype, shape, source=None, space=MemSpace.RESIDENT, data=None) -> int:
         if kind == BufferKind.ACTIVATION:   # every step of a launch has its own activations
@@ -481,11 +481,10 @@ def step_io(b: _Builder, s: int, vocab: int) -> dict:
     the previous launch's last block), 'logits' and 'next_token'. Step s >= 1: 'pos@s' (IO_INPUT, pos + s: the
     loader lays the positions out as one int32 array, pos@s at element s), 'logits@s' and 'next_token@s' (the
     tokens likewise one array, next_token@s at element s); its token is step s-1's next_token, read on the device."""
-    sx = f"@{s}" if s else ""
     io = {"token": b.buf("token", BufferKind.IO_INPUT, DType.I32, (1,))} if s == 0 else {}
-    io.update({"pos": b.buf("pos" + sx, BufferKind.IO_INPUT, DType.I32, (1,)),
-               "logits": b.buf("logits" + sx, BufferKind.IO_OUTPUT, DType.F32, (vocab,)),
-               "next_token": b.buf("next_token" + sx, BufferKind.IO_OUTPUT, DType.I32, (1,))})
+    io.update({"pos": b.buf(step_name("pos", s), BufferKind.IO_INPUT, DType.I32, (1,)),
+               "logits": b.buf(step_name("logits", s), BufferKind.IO_OUTPUT, DType.F32, (vocab,)),
+               "next_token": b.buf(step_name("next_token", s), BufferKind.IO_OUTPUT, DType.I32, (1,))})
     return io
 
 

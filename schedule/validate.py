@@ -38,7 +38,8 @@ import math
 import time
 from typing import Any
 
-from schedule.ir import Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, kahn_order
+from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, Task, kahn_order,
+                         name_step)
 from schedule.ops import is_dyn, kv_ahead_issuer_ok
 from schedule.validate_task import TaskChecks, _is_int
 
@@ -545,11 +546,8 @@ class _Validator(TaskChecks):
         """Task -> the decode step of the KV row it accesses, for tasks with a KV_CACHE access: the step of the
         'pos' IO_INPUT buffer it reads ('pos' 0, 'pos@s' s; step_io in schedule/lower.py). A task reading no such
         buffer counts as step 0."""
-        steps = {}
-        for b in self.p.buffers:
-            if self.kinds.get(b.id) == BufferKind.IO_INPUT and (b.name == "pos" or b.name.startswith("pos@")):
-                tail = b.name[4:]
-                steps[b.id] = int(tail) if tail.isdigit() else 0
+        steps = {b.id: name_step(b.name, "pos") for b in self.p.buffers
+                 if self.kinds.get(b.id) == BufferKind.IO_INPUT and name_step(b.name, "pos") is not None}
         out = {}
         for i in range(len(self.p.tasks)):
             if any(self.kinds.get(a.buffer) == BufferKind.KV_CACHE for a in self.acc[i]):

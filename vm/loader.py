@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from schedule.ir import BufferKind, MegakernelProgram, find_weight
+from schedule.ir import BufferKind, MegakernelProgram, find_weight, name_step, step_name
 from vm import abi
 from vm.pack import (  # noqa: F401 (AbiMismatchError: re-exported with the errors the VM raises)
     DTYPE_DETAILS, IO_ADVANCE, IO_POS, IO_TOKEN, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN, AbiMismatchError,
@@ -146,7 +146,7 @@ class MegakernelVM:
         self.pos_all = torch.zeros(n, dtype=torch.int32, device=dev)
         self.tokens_all = torch.zeros(n, dtype=torch.int32, device=dev)
         self._step_offsets = torch.arange(n, dtype=torch.int32, device=dev)
-        per_step = {f"{name}@{s}" if s else name: arr[s:s + 1] for s in range(n)
+        per_step = {step_name(name, s): arr[s:s + 1] for s in range(n)
                     for name, arr in (("pos", self.pos_all), ("next_token", self.tokens_all))}
         for b in self.program.buffers:
             tdt = TORCH_DTYPES[device_dtype(b)]
@@ -179,7 +179,7 @@ class MegakernelVM:
         self.logits, self.next_token = self.tensors[io["logits"]], self.tensors[io["next_token"]]
         self._io_ptrs = (int(self.token.data_ptr()), int(self.pos.data_ptr()), int(self.next_token.data_ptr()))
         # every step's logits, in step order ('logits', 'logits@1', ...)
-        self.step_logits = [self.tensors[io["logits" if s == 0 else f"logits@{s}"]] for s in range(n)]
+        self.step_logits = [self.tensors[io[step_name("logits", s)]] for s in range(n)]
         self.kv = [self.tensors[b.id] for b in self.program.buffers if b.kind == BufferKind.KV_CACHE]
         self.max_seq = min([int(b.shape[1]) for b in self.program.buffers if b.kind == BufferKind.KV_CACHE] or [0])
 
@@ -444,12 +444,11 @@ class MegakernelVM:
 def io_steps(program: MegakernelProgram) -> int:
     """Decode steps per launch of a program: 1 + its IO_INPUT buffers 'pos@1', 'pos@2', ... (schedule/lower.py
     step_io), which must be numbered without a gap."""
-    at = sorted(int(b.name[4:]) for b in program.buffers
-                if b.kind == BufferKind.IO_INPUT and b.name.startswith("pos@") and b.name[4:].isdigit())
+    at = sorted(s for b in program.buffers if b.kind == BufferKind.IO_INPUT and (s := name_step(b.name, "pos")))
     if at != list(range(1, len(at) + 1)):
         raise MegakernelError(f"program's step positions {['pos@%d' % s for s in at]} are not pos@1 .. pos@{len(at)}")
     for s in range(1, len(at) + 1):
-        for name in (f"logits@{s}", f"next_token@{s}"):
+        for name in (step_name("logits", s), step_name("next_token", s)):
             if not any(b.name == name and b.kind == BufferKind.IO_OUTPUT for b in program.buffers):
                 raise MegakernelError(f"program has pos@{s} but no IO output buffer {name!r}")
     return len(at) + 1

@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, validate
+from schedule.ir import BufferKind, DType, MegakernelProgram, find_weight, name_step, step_name, validate
 from schedule.ops import dyn_first_rows, dyn_ticket_rows, dyn_tickets, gemv_x_elems, is_dyn, slot_map
 from vm.abi import OPCODES, QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 
@@ -472,7 +472,7 @@ class ReferenceVM:
     @property
     def n_steps(self) -> int:
         """Decode steps per launch: 1 + the IO inputs 'pos@1', 'pos@2', ... (schedule/lower.py step_io)."""
-        return 1 + sum(1 for n in self._io if n.startswith("pos@"))
+        return 1 + sum(1 for n in self._io if name_step(n, "pos"))
 
     def step(self, token: int, pos: int) -> torch.Tensor:
         """One launch: token at position pos -> its logits (fp32, [vocab]). Also sets io('next_token'). A
@@ -481,13 +481,13 @@ class ReferenceVM:
         self._poison()
         self.io("token")[0] = int(token)
         for st in range(self.n_steps):
-            self.io(f"pos@{st}" if st else "pos")[0] = int(pos) + st
+            self.io(step_name("pos", st))[0] = int(pos) + st
         self.run()
         return self.io("logits").clone()
 
     def step_logits(self) -> list[torch.Tensor]:
         """Every step's logits of the last launch, in step order."""
-        return [self.io(f"logits@{st}" if st else "logits").clone() for st in range(self.n_steps)]
+        return [self.io(step_name("logits", st)).clone() for st in range(self.n_steps)]
 
     def reset(self) -> None:
         for b in self.program.buffers:

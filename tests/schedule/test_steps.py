@@ -150,3 +150,10 @@ def test_task_step_reads_the_label_prefix():
 def test_steps_per_launch_bounds(v):
     with pytest.raises(IRError, match="steps_per_launch"):
         ScheduleConfig(steps_per_launch=v)
+
+
+def test_step_names_round_trip():
+    from schedule.ir import name_step, step_name
+    assert [step_name("pos", s) for s in (0, 1, 12)] == ["pos", "pos@1", "pos@12"]
+    assert [name_step(n, "pos") for n in ("pos", "pos@1", "pos@12", "pos@0", "pos@x", "position", "logits@1")] == \
+        [0, 1, 12, None, None, None, None]
