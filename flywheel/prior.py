@@ -162,6 +162,14 @@ KNOBS: tuple[Knob, ...] = (
              "logits@1, ...); a step() returns the first's. Default 1: 8 measured -1.5..-1.7% on llama-3.2-1b at "
              "ctx 512, -1.9% at 8192, -1.1% at 32768, -0.2% on qwen3-0.6b, +0.5% on llama-3.2-3b (H100; docs/PERF.md, "
              "forty-second session)"),
+    Knob("step_placement", str, "continue", choices=("continue", "replicate"),
+         doc="with steps_per_launch > 1: where the later steps' tasks run. 'continue' = the SM assignment policy "
+             "runs on over all steps (a later step's task lands where the estimate frees an SM first: on "
+             "llama-3.2-1b ~5% of the later steps' tasks move), 'replicate' = every step's task on the SM of step "
+             "0's copy of it (step 0 placed as the one-step program is; a queue holds its step-0 tasks, then the "
+             "same tasks of step 1, ...). Measured equal with 8 steps (H100, ctx 512: llama-3.2-1b -1.5% / -1.4% "
+             "against one step, llama-3.2-3b -0.0% / +0.1%; docs/PERF.md, forty-third session). No effect with one "
+             "step"),
     Knob("num_sms", int, 0, range=(0, 1024),
          doc="SMs (persistent blocks) to use; 0 = all SMs of the target"),
     Knob("fuse_norm", bool, True, choices=(True, False),

@@ -43,7 +43,7 @@ from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait, step_name)
 from schedule.ops import estimate
-from schedule.placement import assign as _assign
+from schedule.placement import assign_steps as _assign
 from schedule.prefetch import mlp_prefetch, prefetch_owners
 from vm.abi import QKV_MODE_K, QKV_MODE_Q, QKV_MODE_RAW, QKV_MODE_V
 from vm.smem import _pad4, attn_fold_fits, merged_x_floats
@@ -579,7 +579,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
     for t in b.tasks:
         t.est_bytes, t.est_flops = estimate(t, numel, isz)
-    queues = _assign(b.tasks, n_sms, policy, target.hbm_gbps * 1e9 / n_sms, cfg.early_kv)
+    queues = _assign(b.tasks, n_sms, policy, target.hbm_gbps * 1e9 / n_sms, cfg.early_kv, cfg.steps_per_launch,
+                     cfg.step_placement)
     cfg_d = cfg.to_dict()
     kv_per_tok = 2 * c.n_layers * c.n_kv_heads * c.head_dim * DType(graph.dtype).nbytes
     meta = {"model": graph.name, "arch": c.arch, "dtype": graph.dtype, "max_seq": S, "vocab": c.vocab,

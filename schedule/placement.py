@@ -4,12 +4,43 @@ they set on attention tasks whose SM idles long enough to load its KV history be
 from __future__ import annotations
 
 from flywheel.prior import KNOB_BY_NAME
-from schedule.ir import IRError, Task
+from schedule.ir import IRError, Task, task_step
 from schedule.ops import kv_ahead_issuer_ok
 from vm.abi import OPCODES
 
 EARLY_KV_OPS = tuple(n for n, spec in OPCODES.items() if "early_kv" in spec.iparams)   # ops with the hint
 TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used for balance
+
+
+def assign_steps(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto",
+                 steps: int = 1, placement: str = "replicate") -> list[list[int]]:
+    """``assign`` for a program of ``steps`` decode steps (steps_per_launch). 'continue': one policy run over every
+    task. 'replicate': the policy places step 0's tasks (as in the one-step program), and each later step's k-th task
+    takes the SM and the early_kv hint of step 0's k-th task (lower emits the same task sequence per step; checked
+    op by op). A queue holds its step-0 tasks, then the same tasks of step 1, and so on: every step runs as the
+    one-step placement does, step s+1's tasks queued behind all of step s's on their SM."""
+    if steps <= 1 or placement == "continue":
+        return assign(tasks, n_sms, policy, bw_per_sm, hints)
+    if placement != "replicate":
+        raise IRError(f"step_placement: unknown value {placement!r} (choices: replicate, continue)")
+    by_step: list[list[Task]] = [[] for _ in range(steps)]
+    for t in tasks:
+        by_step[task_step(t)].append(t)
+    first = by_step[0]
+    assign(first, n_sms, policy, bw_per_sm, hints)
+    for s, ts in enumerate(by_step[1:], 1):
+        if len(ts) != len(first) or any(a.op != b.op for a, b in zip(first, ts)):
+            raise IRError(f"step_placement replicate: step {s} has {len(ts)} tasks, not step 0's sequence of "
+                          f"{len(first)} (ops differ)")
+        for a, b in zip(first, ts):
+            b.sm = a.sm
+            if "early_kv" in a.params:
+                b.params["early_kv"] = a.params["early_kv"]
+    queues: list[list[int]] = [[] for _ in range(n_sms)]
+    for ts in by_step:
+        for t in ts:
+            queues[t.sm].append(t.id)
+    return queues
 
 
 def assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto") -> list[list[int]]:

@@ -126,7 +126,8 @@ def main():
             t0 = time.time()
             vm = MegakernelVM(prog, g.weights)
             chk = check_program(vm, g, 4)
-            row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], build_s=round(time.time() - t0, 1),
+            row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], top1_agreement=chk["top1_agreement"],
+                       checked_steps=chk["steps"], build_s=round(time.time() - t0, 1),
                        floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[],
                        ring_bytes=vm.ring_bytes, n_streamed=vm.n_streamed, smem_bytes=vm.smem_bytes)
             if chk["correct"] or name.startswith("diag:"):

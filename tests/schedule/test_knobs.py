@@ -411,13 +411,13 @@ def _check_dyn_mlp_static(p, v):
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64},
             "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2},
-            "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}}
+            "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}, "step_placement": {"steps_per_launch": 2}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
 # ... and knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
 _QWEN06 = load_model("qwen3-0.6b", dtype="bf16", device="meta")
 WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B, "mlp_prefetch_spread": _LLAMA1B,
-        "fold_qk_norm": _QWEN06}
+        "fold_qk_norm": _QWEN06, "step_placement": _LLAMA1B}
 
 
 def _check_fold_qk_norm(p, v):
@@ -457,6 +457,16 @@ def _check_steps_per_launch(p, v):
             assert pos == [f"pos@{step(t)}" if step(t) else "pos"], (t.label, pos)
 
 
+def _check_step_placement(p, v):
+    """'replicate' (2 steps): step 1's k-th task on the SM of step 0's k-th task, each queue step 0's part then
+    step 1's (tests/schedule/test_steps.py checks it against the one-step program)."""
+    from schedule.ir import task_step
+    k = len(p.tasks) // 2
+    assert v == "replicate" and all(task_step(t) == t.id // k for t in p.tasks)
+    assert all(p.tasks[i + k].sm == p.tasks[i].sm for i in range(k))
+    assert all(q == sorted(q, key=lambda i: (i // k, q.index(i))) for q in p.queues)
+
+
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
@@ -468,7 +478,8 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "fuse_attn_merge": _check_fuse_attn_merge, "early_kv": _check_early_kv,
               "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
               "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down,
-              "fold_qk_norm": _check_fold_qk_norm, "steps_per_launch": _check_steps_per_launch}
+              "fold_qk_norm": _check_fold_qk_norm, "steps_per_launch": _check_steps_per_launch,
+              "step_placement": _check_step_placement}
 
 
 def test_every_knob_has_an_alternative_value():

@@ -37,6 +37,8 @@ def _chain(prog, g, token: int, pos: int, n: int, history: bool = False) -> tupl
     ("toy", {"num_sms": 8, "argmax_in_lm_head": False}, 2),        # hand-over through ARGMAX_MERGE
     ("toy", {"num_sms": 8, "split_argmax": False}, 2),             # ... through one ARGMAX
     ("qwen3", {"num_sms": 16, "qkv_head_split": 2}, 3),            # QK-norm + split heads (pos@s in the fold)
+    ("toy", {"num_sms": 8, "step_placement": "replicate"}, 3),     # each step on the one-step program's SMs
+    ("qwen3", {"num_sms": 16, "qkv_head_split": 2, "step_placement": "replicate"}, 2),
 ])
 def test_reference_vm_steps_equal_one_step_launches(name, cfg, n):
     g = load_model("toy", dtype="f32") if name == "toy" else small_graph(name, seed=2)
@@ -157,3 +159,40 @@ def test_step_names_round_trip():
     assert [step_name("pos", s) for s in (0, 1, 12)] == ["pos", "pos@1", "pos@12"]
     assert [name_step(n, "pos") for n in ("pos", "pos@1", "pos@12", "pos@0", "pos@x", "position", "logits@1")] == \
         [0, 1, 12, None, None, None, None]
+
+
+@pytest.mark.parametrize("name,cfg", [("toy", {"num_sms": 8}), ("toy", {"num_sms": 5, "sm_assignment": "lpt"}),
+                                      ("llama-3.2-1b", {}), ("qwen3-0.6b", {"early_kv": "ahead"})])
+def test_replicated_steps_run_on_the_one_step_placement(name, cfg):
+    """step_placement 'replicate': step s's k-th task has the SM and early_kv hint of the one-step program's k-th
+    task, and each queue is the one-step queue once per step (step-major); 'continue' moves some later-step tasks
+    on the presets (the list policy runs on over the steps)."""
+    from schedule.ir import task_step
+    g = load_model(name, dtype="f32" if name == "toy" else "bf16", device="meta")
+    n = 3
+    one = lower(g, H100, cfg, max_seq=64)
+    rep = lower(g, H100, {**cfg, "steps_per_launch": n, "step_placement": "replicate"}, max_seq=64)
+    assert validate(rep).ok
+    k = len(one.tasks)
+    assert len(rep.tasks) == n * k
+    for t in rep.tasks:
+        base = one.tasks[t.id % k]
+        assert task_step(t) == t.id // k and t.op == base.op
+        assert t.sm == base.sm and t.params.get("early_kv", 0) == base.params.get("early_kv", 0), t.label
+    for q1, qn in zip(one.queues, rep.queues):
+        assert qn == [s * k + i for s in range(n) for i in q1]
+    if name != "toy":
+        cont = lower(g, H100, {**cfg, "steps_per_launch": n}, max_seq=64)
+        assert any(t.sm != one.tasks[t.id % k].sm for t in cont.tasks)
+
+
+def test_replicate_refuses_steps_that_differ():
+    from schedule.placement import assign_steps
+    p = _two_steps()
+    tasks = copy.deepcopy(p.tasks)
+    last = next(t for t in reversed(tasks) if t.op == "GEMV")
+    last.op = "ARGMAX"   # step 1's sequence of ops no longer step 0's
+    with pytest.raises(IRError, match="step 1 has"):
+        assign_steps(tasks, 8, "list", 1e9, steps=2, placement="replicate")
+    with pytest.raises(IRError, match="step_placement"):
+        assign_steps(copy.deepcopy(p.tasks), 8, "list", 1e9, steps=2, placement="spread")
