@@ -29,7 +29,9 @@ def _programs(name: str, dtype: str, cfg: str, n: int, max_seq: int = 64, **extr
 @pytest.mark.parametrize("name,dtype,cfg,n,extra", [
     ("llama-untied", "f32", "default", 3, {}), ("qwen3", "f32", "split", 2, {}),
     ("llama-tied-rope3", "bf16", "lpt", 4, {}), ("llama-untied", "f32", "default", 2, {"argmax_in_lm_head": False}),
-    ("qwen3", "f32", "default", 3, {"split_argmax": False})])
+    ("qwen3", "f32", "default", 3, {"split_argmax": False}),
+    ("llama-untied", "f32", "default", 3, {"step_placement": "replicate"}),   # each step on step 0's SMs
+    ("qwen3", "bf16", "split", 2, {"step_placement": "replicate"})])
 def test_steps_match_one_step_chain(name, dtype, cfg, n, extra):
     from vm.loader import MegakernelVM
     g, one, many = _programs(name, dtype, cfg, n, **extra)
