@@ -145,7 +145,9 @@ def main():
     print(f"{'variant':16s} {'median us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}  build")
     for name, r in rows.items():
         if "error" in r or not r.get("rounds"):
-            print(f"{name:16s} {'-':>10s}  {r.get('error', 'not correct: not timed')}")
+            why = (f"not correct: not timed (max rel err {r['max_rel_err']:.3g}, top-1 agreement "
+                   f"{r['top1_agreement']:.3f} over {r['checked_steps']} steps)" if "max_rel_err" in r else "")
+            print(f"{name:16s} {'-':>10s}  {r.get('error', why)}")
             continue
         med = statistics.median(r["rounds"])
         r["median_us"] = med
