@@ -1,6 +1,7 @@
 """Which blocks stream slowest, step after step, and where they sit (no GPU needed).
 
-    python scripts/queue_speed.py raw_llama-3.2-1b_512_base.npz [--gpcs gpcs.json] [--layers 2:14]
+    python scripts/queue_speed.py raw_llama-3.2-1b_512_base.npz [--gpcs gpcs.json] [--l2map l2_home_sm.bin]
+                                  [--layers 2:14]
 
 Input: scripts/trace_raw.py's records (t1 / t2 per task and step, the queue ``sm`` and, in traces taken since the
 thirty-sixth session, the physical SM ``smid``) and optionally scripts/gpc_probe.cu's JSON (which SMs share a GPC).
@@ -9,7 +10,9 @@ For each streaming family (o_proj, gate_up, down and the QKV tiles) it prints:
     median queue, '.' otherwise, ' ' for queues that run no task of the family -- a column of '#' in every step is a
     block that is slow by where it is, not by chance;
   * the slow queues (> 6% in the mean over steps) and the physical SMs they ran on;
-  * with --gpcs: per GPC, its size and its queues' mean execution relative to the median (was the slow set one GPC?).
+  * with --gpcs: per GPC, its size and its queues' mean execution relative to the median (was the slow set one GPC?);
+  * with --l2map (scripts/l2_home_micro.cu's l2_home_sm.bin: the L2 partition of each SM id, int32, -1 unused): the
+    same per L2 partition.
 The tasks of a phase are equal tiles, so the phase ends on its slowest block (docs/PERF.md, thirty-sixth session).
 """
 from __future__ import annotations
@@ -63,13 +66,34 @@ def physical_sms(d, fam, queues) -> dict[int, list[int]]:
     return out
 
 
-def report(d, gpcs: list[list[int]] | None, layers) -> list[str]:
+def report(d, gpcs: list[list[int]] | None, layers, partitions: list[list[int]] | None = None) -> list[str]:
+    """gpcs / partitions: SM ids per GPC / per L2 partition (either may be None)."""
     with warnings.catch_warnings():   # nanmean over queues that run no task of a family
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _report(d, gpcs, layers)
+        return _report(d, [("GPC", gpcs), ("L2 partition", partitions)], layers)
 
 
-def _report(d, gpcs, layers) -> list[str]:
+def l2_partitions(path: str) -> list[list[int]]:
+    """SM ids per L2 partition from scripts/l2_home_micro.cu's l2_home_sm.bin (int32 per SM id, -1 unused)."""
+    m = np.fromfile(path, dtype=np.int32)
+    return [[int(i) for i in np.where(m == p)[0]] for p in range(int(m.max()) + 1)]
+
+
+def _group_rel(d, E, groups) -> np.ndarray:
+    """Per group of physical SMs: the mean over steps of its queues' execution / the step's median queue."""
+    qs, smid = d["queue_sm"], d["smid"]
+    rel = []
+    for s in range(E.shape[0]):
+        where = {}
+        for q in range(E.shape[1]):
+            if not np.isnan(E[s, q]):
+                where[int(smid[s, np.where(qs == q)[0][0]])] = E[s, q] / np.nanmedian(E[s])
+        rel.append([np.mean([where[x] for x in g if x in where]) if any(x in where for x in g) else np.nan
+                    for g in groups])
+    return np.nanmean(np.array(rel), axis=0)
+
+
+def _report(d, groupings, layers) -> list[str]:
     fam, lay = families(d["label"])
     lines = []
     for f in FAMILIES:
@@ -85,19 +109,11 @@ def _report(d, gpcs, layers) -> list[str]:
         lines.append(f"  median queue {med:.2f} us; slow queues ({len(slow)}): " +
                      (", ".join(f"{q} ({mean[q] / med - 1:+.0%}, SM {'/'.join(map(str, phys[q])) or '?'})"
                                 for q in slow) or "none"))
-        if gpcs and "smid" in d:
-            qs, smid = d["queue_sm"], d["smid"]
-            rel = []   # per GPC: the mean over steps of its queues' execution / the step's median
-            for s in range(E.shape[0]):
-                where = {}
-                for q in range(E.shape[1]):
-                    if not np.isnan(E[s, q]):
-                        where[int(smid[s, np.where(qs == q)[0][0]])] = E[s, q] / np.nanmedian(E[s])
-                rel.append([np.mean([where[x] for x in g if x in where]) if any(x in where for x in g) else np.nan
-                            for g in gpcs])
-            r = np.nanmean(np.array(rel), axis=0)
-            lines.append("  per GPC (size: mean execution vs the median queue): " +
-                         "  ".join(f"{len(g)}: {v - 1:+.1%}" for g, v in zip(gpcs, r)))
+        for what, groups in groupings:
+            if groups and "smid" in d:
+                r = _group_rel(d, E, groups)
+                lines.append(f"  per {what} (size: mean execution vs the median queue): " +
+                             "  ".join(f"{len(g)}: {v - 1:+.1%}" for g, v in zip(groups, r)))
     return lines
 
 
@@ -105,12 +121,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("npz")
     ap.add_argument("--gpcs", help="scripts/gpc_probe.cu's JSON output")
+    ap.add_argument("--l2map", help="scripts/l2_home_micro.cu's l2_home_sm.bin (the L2 partition of each SM)")
     ap.add_argument("--layers", default="2:14", help="layers to average, start:stop")
     a = ap.parse_args()
     d = dict(np.load(a.npz))
     gpcs = json.loads(pathlib.Path(a.gpcs).read_text())["gpcs"] if a.gpcs else None
     lo, hi = (int(x) for x in a.layers.split(":"))
-    print("\n".join(report(d, gpcs, range(lo, hi))))
+    parts = l2_partitions(a.l2map) if a.l2map else None
+    print("\n".join(report(d, gpcs, range(lo, hi), parts)))
 
 
 if __name__ == "__main__":

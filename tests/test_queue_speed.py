@@ -1,4 +1,4 @@
-"""scripts/queue_speed.py on a hand-built trace: which queues are slow in every step, and by GPC."""
+"""scripts/queue_speed.py on a hand-built trace: which queues are slow in every step, by GPC and by L2 partition."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,3 +32,15 @@ def test_per_gpc_mean():
     lines = queue_speed.report(_trace(), [[4, 5, 6], [7, 8]], range(2, 3))
     # GPC {4,5,6}: queues 0-2, step 0 (1 + 1 + 1.03) / 3, step 1 1.0 -> +0.5%; GPC {7,8}: queues 3, 4: (1 + 1.1) / 2
     assert lines[4] == "  per GPC (size: mean execution vs the median queue): 3: +0.5%  2: +5.0%"
+
+
+def test_per_l2_partition_from_the_probe_map(tmp_path):
+    """--l2map: l2_home_micro.cu's int32 partition per SM id (-1 unused) groups the SMs like the GPCs above."""
+    f = tmp_path / "l2_home_sm.bin"
+    np.array([-1, -1, -1, -1, 0, 1, 1, 0, 1], np.int32).tofile(f)
+    parts = queue_speed.l2_partitions(str(f))
+    assert parts == [[4, 7], [5, 6, 8]]
+    lines = queue_speed.report(_trace(), None, range(2, 3), parts)
+    # partition 0 = SMs 4, 7: step 0 queues 0 (1.0) and 3 (1.0); step 1 queues 0 (1.0) and 4 (1.1) -> +2.5%
+    # partition 1 = SMs 5, 6, 8: step 0 queues 1, 2, 4 (1 + 1.03 + 1.1) / 3; step 1 queues 1, 2, 3 (1.0) -> +2.2%
+    assert lines[4] == "  per L2 partition (size: mean execution vs the median queue): 2: +2.5%  3: +2.2%"
