@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from eval.baselines import cuda_time_us, hbm_bandwidth, torch_baselines
-from eval.equivalence import compare_logits, hf_logits, summarize
+from eval.equivalence import compare_logits, describe_misses, hf_logits, summarize
 from eval.roofline import pct_of_roofline, roofline
 
 
@@ -55,14 +55,16 @@ def check_program(vm, graph, steps: int = 4, seed: int = 0) -> dict:
     toks, ref = reference_logits(graph, steps, seed)
     vm.reset()
     rows = [compare_logits(vm.step(t, i).float().cpu(), ref[i], graph.dtype) for i, t in enumerate(toks)]
+    labels = [f"step {i}" for i in range(len(toks))]
     n = int(getattr(vm, "n_steps", 1))
     if n > 1:
         follow = vm.tokens_all[:n - 1].tolist()
         got = [lg.float().cpu() for lg in vm.step_logits[1:]]
         _, ref2 = reference_logits(graph, tokens=toks + follow)
         rows += [compare_logits(got[s], ref2[len(toks) + s], graph.dtype) for s in range(n - 1)]
+        labels += [f"step {s + 1} of the last launch (position {len(toks) + s})" for s in range(n - 1)]
     vm.reset()
-    s = summarize(rows)
+    s = summarize(rows, labels)
     s["correct"] = bool(s["passed"] and s["top1_agreement"] == 1.0)
     return s
 
@@ -98,7 +100,8 @@ def measure_program(program, graph, ctx: int = 512, iters: int = 50, repeats: in
            "top1_agreement": chk["top1_agreement"], "latency_us": None, "latency_kind": None,
            "bound_us": rl["floor_us"], "pct_of_roofline": None, "note": ""}
     if not chk["correct"]:
-        out["note"] = "not timed: the GPU program does not match transformers"
+        why = describe_misses(chk)
+        out["note"] = "not timed: the GPU program does not match transformers" + (f" ({why})" if why else "")
         return out
     t = time_vm(vm, graph.config.vocab, ctx, iters, repeats)
     if t["us"] < rl["floor_us"]:

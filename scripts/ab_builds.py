@@ -33,6 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from eval.bench import bench_max_seq, check_program, time_vm  # noqa: E402
+from eval.equivalence import describe_misses  # noqa: E402
 from eval.roofline import roofline  # noqa: E402
 from schedule.graph import load_model  # noqa: E402
 from schedule.ir import get_target, validate  # noqa: E402
@@ -127,7 +128,7 @@ def main():
             vm = MegakernelVM(prog, g.weights)
             chk = check_program(vm, g, 4)
             row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], top1_agreement=chk["top1_agreement"],
-                       checked_steps=chk["steps"], build_s=round(time.time() - t0, 1),
+                       checked_steps=chk["steps"], top1_miss=describe_misses(chk), build_s=round(time.time() - t0, 1),
                        floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[],
                        ring_bytes=vm.ring_bytes, n_streamed=vm.n_streamed, smem_bytes=vm.smem_bytes)
             if chk["correct"] or name.startswith("diag:"):
@@ -145,8 +146,8 @@ def main():
     print(f"{'variant':16s} {'median us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}  build")
     for name, r in rows.items():
         if "error" in r or not r.get("rounds"):
-            why = (f"not correct: not timed (max rel err {r['max_rel_err']:.3g}, top-1 agreement "
-                   f"{r['top1_agreement']:.3f} over {r['checked_steps']} steps)" if "max_rel_err" in r else "")
+            why = (f"not correct: not timed (max rel err {r['max_rel_err']:.3g} over {r['checked_steps']} steps"
+                   + (f"; {r['top1_miss']}" if r["top1_miss"] else "") + ")" if "max_rel_err" in r else "")
             print(f"{name:16s} {'-':>10s}  {r.get('error', why)}")
             continue
         med = statistics.median(r["rounds"])

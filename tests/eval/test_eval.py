@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from eval.equivalence import compare_logits, summarize
+from eval.equivalence import compare_logits, describe_misses, summarize
 from eval.roofline import pct_of_roofline, roofline
 from schedule.cost_model import predict_us
 from schedule.graph import load_model
@@ -33,6 +33,33 @@ def test_compare_logits_tolerances():
     assert not compare_logits(flip, ref, "bf16")["top1_agree"]
     s = summarize([compare_logits(ref, ref, "f32"), r])
     assert s["steps"] == 2 and not s["passed"] and s["top1_agreement"] == 0.5
+
+
+def test_top1_misses_say_how_far_the_pick_trails():
+    """A flipped near-tie (hand-made: the reference's top two 0.0075 apart, as the forty-third session's 16-step
+    launch met) is reported with its gap inside the bf16 logit tolerance; a flip far outside it is not a tie."""
+    ref = torch.randn(1000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ref[17], ref[404] = 3.8856, 3.8781   # above every randn value: the top two
+    out = ref.clone()
+    out[404] = 3.8864   # the output's pick moves to 404; max |out - ref| = 0.0083
+    r = compare_logits(out, ref, "bf16")
+    assert r["passed"] and not r["top1_agree"]
+    assert (r["ref_top1"], r["out_top1"]) == (17, 404)
+    assert math.isclose(r["top1_gap"], 0.0075, abs_tol=1e-12)
+    assert math.isclose(r["tol"], 1e-3 + 2e-2 * 3.8856, rel_tol=1e-12)
+    s = summarize([compare_logits(ref, ref, "bf16"), r], ["step 0", "step 1 of the last launch"])
+    assert s["top1_agreement"] == 0.5 and len(s["top1_misses"]) == 1
+    msg = describe_misses(s)
+    assert msg.startswith("top-1 differs at step 1 of the last launch: transformers' token 17 leads the program's 404 by "
+                          "0.0075") and "(1 row of 2)" in msg and msg.endswith("a near-tie")
+    far = ref.clone()
+    far[int(ref.argmin())] = 10.0   # a token far behind in the reference is picked
+    d = describe_misses(summarize([compare_logits(far, ref, "bf16")]))
+    assert "step 0" in d and "beyond the logit tolerance" in d
+    assert describe_misses(summarize([compare_logits(ref, ref, "f32")])) == ""
+    nan = ref.clone()
+    nan[0] = float("nan")   # no finite pick: counted as a top-1 miss, not described as one
+    assert summarize([compare_logits(nan, ref, "f32")])["top1_misses"] == []
 
 
 def test_roofline_llama_1b_hand_checked():
