@@ -165,7 +165,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("step_placement", str, "continue", choices=("continue", "replicate"),
          doc="with steps_per_launch > 1: where the later steps' tasks run. 'continue' = the SM assignment policy "
              "runs on over all steps (a later step's task lands where the estimate frees an SM first: on "
-             "llama-3.2-1b ~5% of the later steps' tasks move), 'replicate' = every step's task on the SM of step "
+             "llama-3.2-1b with 4 steps 6% of the later steps' tasks move), 'replicate' = every step's task on the SM of step "
              "0's copy of it (step 0 placed as the one-step program is; a queue holds its step-0 tasks, then the "
              "same tasks of step 1, ...). Measured equal with 8 steps (H100, ctx 512: llama-3.2-1b -1.5% / -1.4% "
              "against one step, llama-3.2-3b -0.0% / +0.1%; docs/PERF.md, forty-third session). No effect with one "
