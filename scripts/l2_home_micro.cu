@@ -66,16 +66,6 @@ __global__ void walk(const uint32_t* buf, const uint32_t* lines, int n, int targ
   }
 }
 
-// Reads all of `f` (normal policy): evicts what the L2 held.
-__global__ void flush(const uint4* f, size_t n, uint32_t* out) {
-  uint32_t a = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint4 v = __ldcg(f + i);
-    a ^= v.x ^ v.w;
-  }
-  if (a == 0x12345679u) *out = a;
-}
-
 // Every block streams the LIST lines of its SM's list (list[slot[smid] * LIST ...], line indices into buf in 128-byte
 // units): 16 warps, each warp-wide load covers 4 lines (8 lanes x 16 B per line), 8 loads per lane in flight.
 __global__ void __launch_bounds__(512) stream(const char* buf, const uint32_t* list, const int* slot, float* out) {
@@ -104,22 +94,8 @@ __global__ void __launch_bounds__(512) stream(const char* buf, const uint32_t* l
 // row r, tab[slot * 128 + 64 + r] up row r), as l2_reuse_micro.cu's k_tile: the first `pf` gate rows asked into L2
 // (cp.async.bulk.prefetch.L2, one 4 KB piece per row) by the block of slot (k + shift) % n, a grid barrier, 30 us,
 // a grid barrier, then the timed row-pair loop (warp w: rows 4w..4w+3, 4 x 16 B of the gate row and of the up row
-// per lane in flight, evict-first hint, bf16 x fp32 FMAs). times[2k], times[2k+1]: globaltimer start / end.
-__device__ __forceinline__ uint64_t gtime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void grid_bar(unsigned* bar, unsigned n) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(bar, 1u);
-    const uint64_t t0 = gtime();  // never hang: give up after 50 ms (the timings are then garbage)
-    while (atomicAdd(bar, 0u) < n && gtime() - t0 < 50000000ull) __nanosleep(64);
-  }
-  __syncthreads();
-}
+// per lane in flight, evict-first hint, bf16 x fp32 FMAs: micro_common.cuh gate_up_pair). times[2k], times[2k+1]:
+// globaltimer start / end.
 __global__ void __launch_bounds__(512, 1) tile(const char* buf, const uint32_t* tab, const int* slot, int pf,
                                                int shift, unsigned* bars, unsigned long long* times, float* out) {
   __shared__ __align__(16) float xs[2048];
@@ -142,25 +118,8 @@ __global__ void __launch_bounds__(512, 1) tile(const char* buf, const uint32_t* 
   const uint64_t pol = evict_first();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float acc = 0.f;
-  for (int r = warp * 4; r < warp * 4 + 4; ++r) {
-    const char* gr = buf + (size_t)rows[r] * 4096;
-    const char* ur = buf + (size_t)rows[64 + r] * 4096;
-    float ag = 0.f, au = 0.f;
-    for (int c = lane; c < 256; c += 32 * 4) {
-      uint4 vg[4], vu[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        vg[u] = ldg_w(gr + (size_t)(c + 32 * u) * 16, pol, true);
-        vu[u] = ldg_w(ur + (size_t)(c + 32 * u) * 16, pol, true);
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        fma_bf16x8(vg[u], xs + (c + 32 * u) * 8, ag);
-        fma_bf16x8(vu[u], xs + (c + 32 * u) * 8, au);
-      }
-    }
-    acc += ag * au;
-  }
+  for (int r = warp * 4; r < warp * 4 + 4; ++r)
+    acc += gate_up_pair(buf + (size_t)rows[r] * 4096, buf + (size_t)rows[64 + r] * 4096, 4096, xs, lane, pol, true);
   __syncthreads();
   if (threadIdx.x == 0) {
     times[2 * k] = t_start;
@@ -208,7 +167,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpy(d_slot, slot.data(), sizeof(int) * 4096, cudaMemcpyHostToDevice));
   printf("SM ids %d..%d\n", sid.front(), sid.back());
 
-  auto do_flush = [&] { flush<<<nsm * 4, 512>>>(fl, FL / 16, d_out); };
+  auto do_flush = [&] { k_flush<<<nsm * 4, 512>>>(fl, FL / 16, (float*)d_out); };
   auto do_walk = [&](const std::vector<uint32_t>& lines, int k, std::vector<uint32_t>& lat) -> int {
     CK(cudaMemcpy(d_lines, lines.data(), sizeof(uint32_t) * lines.size(), cudaMemcpyHostToDevice));
     CK(cudaMemset(d_hit, 0, sizeof(int)));

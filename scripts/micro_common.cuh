@@ -1,6 +1,7 @@
-// Shared by the standalone microbenchmarks (scripts/ring_micro.cu, mem_micro.cu, l2_reuse_micro.cu): the error
-// check, the shared-space address of a pointer, the best-of-N CUDA-event timing of one launch, L2 cache policies,
-// the GEMV's 16-byte weight load (with or without the evict-first hint) and its bf16 x fp32 work per chunk.
+// Shared by the standalone microbenchmarks (scripts/ring_micro.cu, mem_micro.cu, l2_reuse_micro.cu,
+// l2_home_micro.cu): the error check, the shared-space address of a pointer, the best-of-N CUDA-event timing of one
+// launch, L2 cache policies, the GEMV's 16-byte weight load (with or without the evict-first hint) and its bf16 x
+// fp32 work per chunk, the globaltimer, a grid barrier and the gate/up row-pair loop.
 #pragma once
 #include <cstdio>
 #include <cstdint>
@@ -74,6 +75,55 @@ __device__ __forceinline__ void fma_bf16x8(const uint4& v, const float* x, float
   acc = fmaf(__uint_as_float(v.y << 16), x0.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, acc);
   acc = fmaf(__uint_as_float(v.z << 16), x1.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, acc);
   acc = fmaf(__uint_as_float(v.w << 16), x1.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, acc);
+}
+
+// %globaltimer in ns.
+__device__ __forceinline__ uint64_t gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// All blocks co-resident (one per SM: the launch asks for more than half of an SM's shared memory): a counting
+// barrier on bar (zeroed before the launch).
+__device__ __forceinline__ void grid_bar(unsigned* bar, unsigned n) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+    const uint64_t t0 = gtime();  // never hang: give up after 50 ms (the timings are then garbage)
+    while (atomicAdd(bar, 0u) < n && gtime() - t0 < 50000000ull) __nanosleep(64);
+  }
+  __syncthreads();
+}
+
+// One warp's gate/up row pair as the megakernel's GEMV_SILU_MUL streams it: rows gr and ur of `row_bytes` bf16
+// bytes, 4 x 16 B of each per lane in flight, x (fp32, shared memory) times the weights; returns gate . x * up . x
+// (the lanes' partial sums, not reduced).
+__device__ __forceinline__ float gate_up_pair(const char* gr, const char* ur, int row_bytes, const float* xs,
+                                              int lane, uint64_t pol, bool hint) {
+  float ag = 0.f, au = 0.f;
+  for (int c = lane; c < row_bytes / 16; c += 32 * 4) {
+    uint4 vg[4], vu[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      vg[u] = ldg_w(gr + (size_t)(c + 32 * u) * 16, pol, hint);
+      vu[u] = ldg_w(ur + (size_t)(c + 32 * u) * 16, pol, hint);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      fma_bf16x8(vg[u], xs + (c + 32 * u) * 8, ag);
+      fma_bf16x8(vu[u], xs + (c + 32 * u) * 8, au);
+    }
+  }
+  return ag * au;
+}
+
+// Evicts L2: reads all of p (n 16-byte words; 256 MB in the micros), the normal L2 policy.
+__global__ void k_flush(const uint4* p, size_t n, float* out) {
+  float a = 0.f;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    a += __uint_as_float(p[i].x);
+  if (a == 12345.f) out[0] = a;
 }
 
 // launch() once to warm up, then the fastest of `reps` timed launches, in ms.
