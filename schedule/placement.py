@@ -13,7 +13,7 @@ TASK_OVERHEAD_US = 0.6   # fixed per-task cost (wait, dispatch, reductions) used
 
 
 def assign_steps(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: str = "auto",
-                 steps: int = 1, placement: str = "replicate") -> list[list[int]]:
+                 steps: int = 1, placement: str = "continue") -> list[list[int]]:
     """``assign`` for a program of ``steps`` decode steps (steps_per_launch). 'continue': one policy run over every
     task. 'replicate': the policy places step 0's tasks (as in the one-step program), and each later step's k-th task
     takes the SM and the early_kv hint of step 0's k-th task (lower emits the same task sequence per step; checked
@@ -22,7 +22,8 @@ def assign_steps(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, h
     if steps <= 1 or placement == "continue":
         return assign(tasks, n_sms, policy, bw_per_sm, hints)
     if placement != "replicate":
-        raise IRError(f"step_placement: unknown value {placement!r} (choices: replicate, continue)")
+        raise IRError(f"step_placement: unknown value {placement!r} "
+                      f"(choices: {KNOB_BY_NAME['step_placement'].choices})")
     by_step: list[list[Task]] = [[] for _ in range(steps)]
     for t in tasks:
         by_step[task_step(t)].append(t)
@@ -36,10 +37,14 @@ def assign_steps(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, h
             b.sm = a.sm
             if "early_kv" in a.params:
                 b.params["early_kv"] = a.params["early_kv"]
+    return _queues(tasks, n_sms)   # emission order is step-major: each queue's step-0 tasks, then step 1's, ...
+
+
+def _queues(tasks: list[Task], n_sms: int) -> list[list[int]]:
+    """Per SM, the ids of its tasks in emission (topological) order."""
     queues: list[list[int]] = [[] for _ in range(n_sms)]
-    for ts in by_step:
-        for t in ts:
-            queues[t.sm].append(t.id)
+    for t in tasks:
+        queues[t.sm].append(t.id)
     return queues
 
 
@@ -82,9 +87,7 @@ def assign(tasks: list[Task], n_sms: int, policy: str, bw_per_sm: float, hints: 
     for t in tasks:   # the early_kv knob: 'auto' = the list policies' estimate above (no hints under other policies)
         if t.op in EARLY_KV_OPS and (hints == "on" or (hints in ("auto", "ahead") and early.get(t.inputs[0], False))):
             t.params["early_kv"] = 1
-    queues: list[list[int]] = [[] for _ in range(n_sms)]
-    for t in tasks:
-        queues[t.sm].append(t.id)
+    queues = _queues(tasks, n_sms)
     # 'ahead': the task before an attention task issues its KV history (vm/csrc: amk_kv_ahead) wherever a weight
     # tile precedes it. Not in 'auto': measured equal to the same program without it once the attention stages
     # were 128-byte aligned (docs/PERF.md, thirty-seventh session)

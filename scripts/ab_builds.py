@@ -146,9 +146,12 @@ def main():
     print(f"{'variant':16s} {'median us':>10s} {'min':>8s} {'max':>8s} {'x first':>8s}  build")
     for name, r in rows.items():
         if "error" in r or not r.get("rounds"):
-            why = (f"not correct: not timed (max rel err {r['max_rel_err']:.3g} over {r['checked_steps']} steps"
-                   + (f"; {r['top1_miss']}" if r["top1_miss"] else "") + ")" if "max_rel_err" in r else "")
-            print(f"{name:16s} {'-':>10s}  {r.get('error', why)}")
+            if "error" in r:
+                why = r["error"]
+            else:
+                miss = f"; {r['top1_miss']}" if r["top1_miss"] else ""
+                why = f"not correct: not timed (max rel err {r['max_rel_err']:.3g} over {r['checked_steps']} steps{miss})"
+            print(f"{name:16s} {'-':>10s}  {why}")
             continue
         med = statistics.median(r["rounds"])
         r["median_us"] = med
