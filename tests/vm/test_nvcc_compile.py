@@ -65,13 +65,14 @@ def test_nvcc_compiles_sm80_sm90a(tmp_path, threads, depth, path):
 
 
 @pytest.mark.parametrize("micro", ["ring_micro.cu", "hop_micro.cu", "mem_micro.cu", "l2_reuse_micro.cu", "gpc_probe.cu",
-                                   "l2_home_micro.cu"])
+                                   "l2_home_micro.cu", "pipe_micro.cu"])
 def test_microbenchmarks_compile(tmp_path, micro):
     """scripts/ring_micro.cu (bulk-copy vs register streaming), scripts/hop_micro.cu (the cost of one dependent
     hop, counter vs data-flag protocol, under background traffic), scripts/mem_micro.cu (per-SM rates of the
     register, L2, bulk-copy and cp.async paths) and scripts/l2_reuse_micro.cu (a gate/up tile after its rows were
     fetched into L2 by prefetch instructions, loads or bulk copies), scripts/gpc_probe.cu (which SMs share a
-    GPC) and scripts/l2_home_micro.cu (which L2 partition an SM and an address sit next to): the
+    GPC), scripts/l2_home_micro.cu (which L2 partition an SM and an address sit next to) and scripts/pipe_micro.cu
+    (a decode step's weight stream with its hops, register path vs a windowed bulk-copy pipeline): the
     microbenchmarks and probes of docs/PERF.md still build."""
     src = pathlib.Path(__file__).resolve().parents[2] / "scripts" / micro
     r = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-c", str(src), "-o", str(tmp_path / "m.o")],

@@ -1,0 +1,378 @@
+// Microbenchmark (issue 4, device only): a llama-3.2-1b-shaped decode step's weight stream WITH its dependency
+// hops, run two ways, to price the megakernel's hop costs against a warp-specialised bulk-copy pipeline before
+// building one. No megakernel around it. Results: docs/PERF.md, forty-fourth session.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a scripts/pipe_micro.cu -o /tmp/pipe_micro && /tmp/pipe_micro
+//
+// A "step" is 16 layers of six phases; every block (one per SM) runs every phase, and phase p starts only when all
+// blocks have finished phase p-1 (a grid counter, acquire / release, as the megakernel's waits):
+//   qkv 96 KB per SM | attn (no weights, a 4 us spin) | merge (1.5 us spin) | o_proj 64 KB | gate/up 512 KB | down 256 KB
+// (llama-3.2-1b's 121.6 MB per layer spread over 132 SMs). A phase with weights is a GEMV tile: rows of K = 2048
+// bf16 (4 KB) times an fp32 x of 2048 read from global memory after the wait; y written, one fp32 per row.
+//
+//   reg: the megakernel's register path -- 16 warps, each owns rows r, r + 16 (two at a time), 4 x 16 B of each row
+//        per lane in flight (64 KB per SM), x staged in shared memory (split layout); optionally the first `pf` KB
+//        of the tile asked into L2 (cp.async.bulk.prefetch.L2) before the wait (the wait prefetch);
+//   tma: a warp-specialised pipeline -- one producer thread streams the block's tiles of ALL phases, in order, into
+//        an S-stage ring of B-byte 1-D bulk copies (full / empty mbarriers), never waiting on the grid counters
+//        (weights are constant), with at most `win` copies in flight (issued, not landed); 16 consumer warps wait the counter, load x into registers (8 chunks of 8 per lane)
+//        and take rows from the ring (row i of a tile -> warp i % 16), one row per warp at a time.
+// Both sum each row in the same order, so y must be bit-identical (checked). Printed: the step span (first block
+// start -> last block done, median of 5 launches), the effective TB/s, and per phase family the mean window
+// (last done of the phase - last done of the phase before) over layers 1-15.
+#include "micro_common.cuh"  // CK, saddr, mbar_*, bulk_g2s, ldg_w, evict_first, gtime
+#include <algorithm>
+#include <vector>
+
+constexpr int kK = 2048, kRowBytes = kK * 2, kChunks = kRowBytes / 16, kCpl = kChunks / 32;  // 8 chunks per lane
+constexpr int kNW = 16;  // compute warps
+constexpr int kMaxStages = 32;
+
+struct Phase {
+  long long tile_bytes;  // per block (0: a spin phase)
+  long long w_off;       // block b's tile at W + w_off + b * tile_bytes
+  int spin_ns;
+  int fam;               // family index (printing)
+};
+struct Args {
+  const char* W;
+  const float* X;              // [n_ph][kK]
+  float* Y;                    // [n_ph][nblk][max_rows]
+  unsigned* ctr;               // [n_ph], zeroed before each launch
+  unsigned long long* t_done;  // [n_ph][nblk]
+  unsigned long long* t_start; // [nblk]
+  unsigned* smid;              // [nblk]
+  const Phase* ph;
+  int n_ph, nblk, max_rows;
+  int pf_bytes;                // reg: wait prefetch per tile
+  int S, B;                    // tma: stages, stage bytes
+  int win;                     // tma: at most this many copies in flight (issued, not landed)
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ void fma8(const uint4& v, const float4& a, const float4& b, float& acc) {
+  acc = fmaf(__uint_as_float(v.x << 16), a.x, acc); acc = fmaf(__uint_as_float(v.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(v.y << 16), a.z, acc); acc = fmaf(__uint_as_float(v.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(v.z << 16), b.x, acc); acc = fmaf(__uint_as_float(v.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(v.w << 16), b.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, acc);
+}
+// Wait until *c >= n (acquire); gives up after 50 ms so a bug cannot hang the GPU (the timings are then garbage).
+__device__ __forceinline__ void wait_ctr(const unsigned* c, unsigned n) {
+  const uint64_t t0 = gtime();
+  for (;;) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+    if (v >= n || gtime() - t0 > 50000000ull) return;
+  }
+}
+// mbarrier phase wait, bounded like wait_ctr.
+__device__ __forceinline__ void mbar_wait_b(uint32_t bar, uint32_t parity) {
+  const uint64_t t0 = gtime();
+  for (;;) {
+    uint32_t ok;
+    asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    if (ok || gtime() - t0 > 50000000ull) return;
+  }
+}
+__device__ __forceinline__ void signal_ctr(unsigned* c) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(c) : "memory");
+}
+__device__ __forceinline__ void spin(int ns) {
+  const uint64_t t0 = gtime();
+  while (gtime() - t0 < (uint64_t)ns) {}
+}
+__device__ __forceinline__ void prefetch_l2(const char* p, uint32_t bytes) {
+  for (uint32_t o = 0; o < bytes; o += 4096)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + o), "r"(4096u) : "memory");
+}
+__device__ __forceinline__ void stamp_start(const Args& a) {
+  if (threadIdx.x == 0) {
+    a.t_start[blockIdx.x] = gtime();
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    a.smid[blockIdx.x] = s;
+  }
+}
+// Thread 0 after the block's phase barrier: stamp, then release its count.
+__device__ __forceinline__ void finish_phase(const Args& a, int p) {
+  a.t_done[(size_t)p * a.nblk + blockIdx.x] = gtime();
+  signal_ctr(a.ctr + p);
+}
+
+extern __shared__ __align__(128) unsigned char dyn[];
+
+// The register path (512 threads).
+__global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
+  __shared__ __align__(16) float xs[kK];  // split layout: chunk c's elements 0-3 at float4 c, 4-7 at float4 K/8 + c
+  const int b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint64_t pol = evict_first();
+  stamp_start(a);
+  for (int p = 0; p < a.n_ph; ++p) {
+    const Phase ph = a.ph[p];
+    const char* tile = a.W + ph.w_off + (size_t)b * ph.tile_bytes;
+    if (threadIdx.x == 0) {
+      if (a.pf_bytes > 0 && ph.tile_bytes > 0 && p > 0)
+        prefetch_l2(tile, (uint32_t)(a.pf_bytes < ph.tile_bytes ? a.pf_bytes : ph.tile_bytes));
+      if (p > 0) wait_ctr(a.ctr + p - 1, a.nblk);
+    }
+    __syncthreads();
+    if (ph.tile_bytes == 0) {
+      if (threadIdx.x == 0) spin(ph.spin_ns);
+    } else {
+      const float4* x4 = (const float4*)(a.X + (size_t)p * kK);
+      float4* xs4 = (float4*)xs;
+      for (int c = threadIdx.x; c < kChunks; c += kNW * 32) {
+        xs4[c] = __ldcg(x4 + 2 * c);
+        xs4[kChunks + c] = __ldcg(x4 + 2 * c + 1);
+      }
+      __syncthreads();
+      const int rows = (int)(ph.tile_bytes / kRowBytes);
+      float* y = a.Y + ((size_t)p * a.nblk + b) * a.max_rows;
+      for (int r = warp; r < rows; r += 2 * kNW) {
+        const int r2 = r + kNW;
+        const bool two = r2 < rows;
+        const char* w0 = tile + (size_t)r * kRowBytes;
+        const char* w1 = tile + (size_t)(two ? r2 : r) * kRowBytes;
+        float acc0 = 0.f, acc1 = 0.f;
+        for (int c = lane; c < kChunks; c += 32 * 4) {
+          uint4 v0[4], v1[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            v0[u] = ldg_w(w0 + (size_t)(c + 32 * u) * 16, pol, true);
+            v1[u] = two ? ldg_w(w1 + (size_t)(c + 32 * u) * 16, pol, true) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int cc = c + 32 * u;
+            const float4 xa = xs4[cc], xb = xs4[kChunks + cc];
+            fma8(v0[u], xa, xb, acc0);
+            fma8(v1[u], xa, xb, acc1);
+          }
+        }
+        acc0 = warp_sum(acc0);
+        acc1 = warp_sum(acc1);
+        if (lane == 0) {
+          y[r] = acc0;
+          if (two) y[r2] = acc1;
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) finish_phase(a, p);
+  }
+}
+
+// The warp-specialised bulk-copy pipeline (16 consumer warps + 1 producer warp).
+__global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
+  __shared__ __align__(16) float xs[kK];  // linear
+  __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
+  const int b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int S = a.S, B = a.B, rps = B / kRowBytes;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(saddr(full + s));  // one arrival (the producer's expect_tx) + the bytes
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(empty + s)), "r"(rps) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  stamp_start(a);
+  __syncthreads();
+  if (warp == kNW) {  // producer
+    if (lane == 0) {
+      const uint64_t pol = evict_first();
+      uint32_t n = 0;
+      for (int p = 0; p < a.n_ph; ++p) {
+        const Phase ph = a.ph[p];
+        const char* tile = a.W + ph.w_off + (size_t)b * ph.tile_bytes;
+        for (long long off = 0; off < ph.tile_bytes; off += B, ++n) {
+          const uint32_t slot = n % S;
+          if (n >= (uint32_t)S) mbar_wait_b(saddr(empty + slot), ((n / S) - 1) & 1);
+          if (n >= (uint32_t)a.win) {  // the copy `win` stages back has landed: at most win in flight
+            const uint32_t m = n - a.win;
+            mbar_wait_b(saddr(full + m % S), (m / S) & 1);
+          }
+          mbar_expect(saddr(full + slot), (uint32_t)B);
+          bulk_g2s(saddr(dyn + (size_t)slot * B), tile + off, (uint32_t)B, saddr(full + slot), true, pol);
+        }
+      }
+    }
+    return;  // (every copy completes before the consumers, which wait for all of them, finish)
+  }
+  uint32_t seq = 0;  // rows of the block's stream consumed so far (all consumer threads alike)
+  for (int p = 0; p < a.n_ph; ++p) {
+    const Phase ph = a.ph[p];
+    if (threadIdx.x == 0 && p > 0) wait_ctr(a.ctr + p - 1, a.nblk);
+    asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
+    if (ph.tile_bytes == 0) {
+      if (threadIdx.x == 0) spin(ph.spin_ns);
+    } else {
+      const float4* x4 = (const float4*)(a.X + (size_t)p * kK);
+      for (int i = threadIdx.x; i < kK / 4; i += kNW * 32) ((float4*)xs)[i] = __ldcg(x4 + i);
+      asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
+      float4 xa[kCpl], xb[kCpl];  // x of this lane's chunks lane + 32 j
+#pragma unroll
+      for (int j = 0; j < kCpl; ++j) {
+        xa[j] = ((const float4*)xs)[2 * (lane + 32 * j)];
+        xb[j] = ((const float4*)xs)[2 * (lane + 32 * j) + 1];
+      }
+      const int rows = (int)(ph.tile_bytes / kRowBytes);
+      float* y = a.Y + ((size_t)p * a.nblk + b) * a.max_rows;
+      for (int r = warp; r < rows; r += kNW) {
+        const uint32_t g = seq + r, n = g / rps, slot = n % S;
+        mbar_wait_b(saddr(full + slot), (n / S) & 1);
+        const char* row = (const char*)dyn + (size_t)slot * B + (size_t)(g % rps) * kRowBytes;
+        uint4 v[kCpl];
+#pragma unroll
+        for (int j = 0; j < kCpl; ++j)
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                       : "r"(saddr(row + (size_t)(lane + 32 * j) * 16)));
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < kCpl; ++j) fma8(v[j], xa[j], xb[j], acc);
+        acc = warp_sum(acc);  // (every lane's shared loads are consumed before lane 0 releases the slot)
+        if (lane == 0) {
+          y[r] = acc;
+          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(empty + slot)) : "memory");
+        }
+      }
+      seq += rows;
+    }
+    asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
+    if (threadIdx.x == 0) finish_phase(a, p);
+  }
+}
+
+__global__ void k_fill(uint16_t* w, size_t n, uint32_t seed) {  // random bf16 in about [-1/16, 1/16]
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    const float f = ((h & 0xffff) / 65536.f - 0.5f) * 0.125f;
+    w[i] = (uint16_t)(__float_as_uint(f) >> 16);
+  }
+}
+
+struct Variant {
+  const char* name;
+  bool tma;
+  int pf_kb, S, B, win;
+  int dyn_kb;  // reg: unused dynamic shared memory (the megakernel's carve-out: ~76 KB)
+};
+
+int main(int argc, char** argv) {
+  int dev = 0, nsm = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+  const int layers = argc > 1 ? atoi(argv[1]) : 16;
+  const int nblk = nsm;
+  // the phases of one layer: (KB per SM, spin ns, family)
+  const int fam_kb[6] = {96, 0, 0, 64, 512, 256};
+  const int fam_spin[6] = {0, 4000, 1500, 0, 0, 0};
+  const char* fam_name[6] = {"qkv", "attn", "merge", "o_proj", "gate/up", "down"};
+  std::vector<Phase> ph;
+  long long off = 0, per_blk = 0;
+  for (int l = 0; l < layers; ++l)
+    for (int f = 0; f < 6; ++f) {
+      const long long tb = (long long)fam_kb[f] * 1024;
+      ph.push_back(Phase{tb, off, fam_spin[f], f});
+      off += tb * nblk;
+      per_blk += tb;
+    }
+  const int n_ph = (int)ph.size(), max_rows = 512 * 1024 / kRowBytes;
+  const size_t wbytes = (size_t)off;
+  printf("pipe_micro: %d SMs, %d layers x 6 phases, %.1f MB of weights (%.0f KB per SM per layer)\n", nsm, layers,
+         wbytes / 1e6, per_blk / 1024.0 / layers);
+  char* W;
+  float *X, *Y, *Yref;
+  unsigned *ctr, *smid;
+  unsigned long long *t_done, *t_start;
+  Phase* dph;
+  CK(cudaMalloc(&W, wbytes));
+  CK(cudaMalloc(&X, (size_t)n_ph * kK * 4));
+  CK(cudaMalloc(&Y, (size_t)n_ph * nblk * max_rows * 4));
+  CK(cudaMalloc(&Yref, (size_t)n_ph * nblk * max_rows * 4));
+  CK(cudaMalloc(&ctr, n_ph * 4));
+  CK(cudaMalloc(&smid, nblk * 4));
+  CK(cudaMalloc(&t_done, (size_t)n_ph * nblk * 8));
+  CK(cudaMalloc(&t_start, nblk * 8));
+  CK(cudaMalloc(&dph, n_ph * sizeof(Phase)));
+  CK(cudaMemcpy(dph, ph.data(), n_ph * sizeof(Phase), cudaMemcpyHostToDevice));
+  k_fill<<<1024, 256>>>((uint16_t*)W, wbytes / 2, 1u);
+  {
+    std::vector<float> hx((size_t)n_ph * kK);
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = 0.5f + (float)((i * 7919) % 1000) / 1000.f;
+    CK(cudaMemcpy(X, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+  }
+  CK(cudaDeviceSynchronize());
+
+  const Variant vs[] = {
+      {"reg", false, 0, 0, 0, 0, 76},           {"reg pf64", false, 64, 0, 0, 0, 76},
+      {"tma 12x16K", true, 0, 12, 16384, 12, 0}, {"tma 12x16K win2", true, 0, 12, 16384, 2, 0},
+      {"tma 12x16K win3", true, 0, 12, 16384, 3, 0}, {"tma 12x16K win4", true, 0, 12, 16384, 4, 0},
+      {"tma 12x16K win6", true, 0, 12, 16384, 6, 0}, {"tma 6x32K win2", true, 0, 6, 32768, 2, 0},
+      {"tma 24x8K win6", true, 0, 24, 8192, 6, 0},
+  };
+  printf("\n| variant | step us (median of 5) | TB/s | SMs used | y vs reg |");
+  for (int f = 0; f < 6; ++f) printf(" %s |", fam_name[f]);
+  printf("\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  bool have_ref = false;
+  for (const Variant& v : vs) {
+    Args a{W, X, Y, ctr, t_done, t_start, smid, dph, n_ph, nblk, max_rows, v.pf_kb * 1024, v.S, v.B, v.win};
+    const int threads = v.tma ? (kNW + 1) * 32 : kNW * 32;
+    const int dyn_bytes = v.tma ? v.S * v.B : v.dyn_kb * 1024;
+    if (v.tma) CK(cudaFuncSetAttribute(k_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
+    else CK(cudaFuncSetAttribute(k_reg, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
+    std::vector<double> spans;
+    std::vector<double> fam_sum(6, 0.0);
+    std::vector<int> fam_n(6, 0);
+    for (int rep = 0; rep < 6; ++rep) {
+      CK(cudaMemset(ctr, 0, n_ph * 4));
+      CK(cudaMemset(Y, 0, (size_t)n_ph * nblk * max_rows * 4));
+      if (v.tma) k_tma<<<nblk, threads, dyn_bytes>>>(a);
+      else k_reg<<<nblk, threads, dyn_bytes>>>(a);
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
+      if (rep == 0) continue;  // warm-up
+      std::vector<unsigned long long> td((size_t)n_ph * nblk), ts(nblk);
+      CK(cudaMemcpy(td.data(), t_done, td.size() * 8, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(ts.data(), t_start, ts.size() * 8, cudaMemcpyDeviceToHost));
+      std::vector<unsigned long long> end(n_ph);
+      for (int p = 0; p < n_ph; ++p) end[p] = *std::max_element(td.begin() + (size_t)p * nblk, td.begin() + (size_t)(p + 1) * nblk);
+      const unsigned long long t0 = *std::min_element(ts.begin(), ts.end());
+      spans.push_back((end[n_ph - 1] - t0) / 1e3);
+      for (int p = 6; p < n_ph; ++p) {  // layers 1..: window = last done - last done of the phase before
+        fam_sum[ph[p].fam] += (end[p] - end[p - 1]) / 1e3;
+        fam_n[ph[p].fam] += 1;
+      }
+    }
+    std::sort(spans.begin(), spans.end());
+    const double us = spans[spans.size() / 2];
+    std::vector<unsigned> hs(nblk);
+    CK(cudaMemcpy(hs.data(), smid, nblk * 4, cudaMemcpyDeviceToHost));
+    std::sort(hs.begin(), hs.end());
+    const int distinct = (int)(std::unique(hs.begin(), hs.end()) - hs.begin());
+    const size_t ny = (size_t)n_ph * nblk * max_rows;
+    long long diff = -1;
+    if (!have_ref) {
+      CK(cudaMemcpy(Yref, Y, ny * 4, cudaMemcpyDeviceToDevice));
+      have_ref = true;
+      diff = 0;
+    } else {
+      std::vector<float> h1(ny), h2(ny);
+      CK(cudaMemcpy(h1.data(), Y, ny * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(h2.data(), Yref, ny * 4, cudaMemcpyDeviceToHost));
+      diff = 0;
+      for (size_t i = 0; i < ny; ++i) diff += h1[i] != h2[i];
+    }
+    printf("| %s | %.1f | %.2f | %d | %lld differ |", v.name, us, wbytes / (us * 1e-6) / 1e12, distinct, diff);
+    for (int f = 0; f < 6; ++f) printf(" %.2f |", fam_n[f] ? fam_sum[f] / fam_n[f] : 0.0);
+    printf("\n");
+  }
+  printf("\nfamily columns: mean window per layer (us), layers 1-%d\n", layers - 1);
+  return 0;
+}
