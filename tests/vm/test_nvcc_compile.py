@@ -36,7 +36,7 @@ def spills(stderr: str) -> dict[str, int]:
 # attention output written by the op after the body); the preload build also has the task loop's old wait
 # (AMK_JOIN_OPS=0), the default build's task loop keeps its spill stores small; so does the kv_ahead build's
 # (early_kv 2: the attention stages at the top of shared memory, filled by the task before).
-@pytest.mark.parametrize("threads,depth,path", [(512, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
+@pytest.mark.parametrize("threads,depth,path", [(480, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
                                                           "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4",
                                                           "-DAMK_ATTN_DIRECT=0")),
                                                 (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384",

@@ -292,12 +292,12 @@ __device__ __noinline__ const float* amk_attn_fold_qk(const AmkCtx& c, const Amk
     if (i < G * D) ys[i] = __ldcg(q_raw + i);
     else ks[i - G * D] = __ldcg(k_raw + (i - G * D));
   }
-  __syncthreads();
+  amk_sync();
   amk_group_norm_rope(ys, appk ? ks : nullptr, qw, kw, fr, G, D,
                       c.ins->fp[partial ? AMK_ATTN_PARTIAL_FP_QK_EPS : AMK_ATTN_DECODE_FP_QK_EPS], r.pos, qo,
                       appk ? amk_ptr(c, s_out + 1) : nullptr, appk ? amk_dtype(c, s_out + 1) : 0,
                       ((int64_t)r.kvh * r.S + r.pos) * D);
   __threadfence_block();  // the K row before the block's own cache reads of it (cp.async, after the barrier)
-  __syncthreads();
+  amk_sync();
   return qo;
 }

@@ -35,6 +35,21 @@ static_assert(AMK_PREFETCH_DEPTH >= 0 && AMK_PREFETCH_DEPTH <= 8, "AMK_PREFETCH_
 static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a non-empty mask of F32/BF16/F16");
 
 #define AMK_NWARPS (AMK_THREADS / 32)
+// The sm_90+ bulk-copy weight ring (stream.cuh; vm/jit.py BuildSpec.tma). A ring build launches one more warp per
+// block, the ring's producer (warp AMK_NWARPS): the ops' AMK_THREADS compute threads never count it, and their block
+// barrier (amk_sync) is barrier 0 over AMK_THREADS threads, which the producer never joins.
+#ifndef AMK_TMA
+#define AMK_TMA 0
+#endif
+#define AMK_BLOCK_THREADS (AMK_THREADS + (AMK_TMA ? 32 : 0))
+static_assert(AMK_BLOCK_THREADS <= 1024, "AMK_THREADS + the ring's producer warp must fit a block");
+__device__ __forceinline__ void amk_sync() {
+#if AMK_TMA
+  asm volatile("bar.sync 0, %0;" ::"n"(AMK_THREADS) : "memory");
+#else
+  __syncthreads();
+#endif
+}
 #define AMK_ATTN_TILE 256   // max keys per attention tile (scores staged in smem)
 // The attention op copies each tile's K and V rows into shared memory with cp.async (AMK_ATTN_STAGES buffers of
 // AMK_ATTN_STAGE_BYTES, K then V), issuing tile t+STAGES-1 before computing tile t: every KV byte of a tile is in
@@ -305,7 +320,7 @@ __device__ __forceinline__ void amk_argmax_block(const AmkCtx& c, float& bv, int
   }
   int* ri = (int*)c.part;  // [NWARPS] indices, values in red
   if (amk_lane() == 0) { c.red[amk_warp()] = bv; ri[amk_warp()] = bi; }
-  __syncthreads();
+  amk_sync();
   if (amk_tid() == 0) {
     for (int w = 1; w < AMK_NWARPS; ++w)
       if (amk_argmax_better(c.red[w], ri[w], bv, bi)) { bv = c.red[w]; bi = ri[w]; }

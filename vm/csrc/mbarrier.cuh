@@ -11,6 +11,10 @@
 #define AMK_MBAR_DEVICE 0
 #endif
 
+#ifndef AMK_MBAR_POLL_NS
+#define AMK_MBAR_POLL_NS 2000
+#endif
+
 __device__ __forceinline__ uint32_t amk_smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void amk_mbar_init(uint32_t bar) {
@@ -59,15 +63,20 @@ __device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
 __device__ __noinline__ int amk_mbar_wait(const AmkParams& p, uint32_t bar, uint32_t parity, const AmkInstr& in,
                                           int detail, int sm) {
   if (amk_mbar_try(bar, parity)) return 0;
-  uint64_t t0;
+  uint64_t t0, tc;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  tc = t0;
   for (;;) {
     if (amk_mbar_try(bar, parity)) return 0;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    // The abort flag at most once per AMK_MBAR_POLL_NS: every compute warp of every block may wait here (the weight
+    // ring), and ~2000 threads loading one L2 line back to back slow the whole memory system.
+    if (t - tc < AMK_MBAR_POLL_NS) continue;
+    tc = t;
     int ab;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(ab) : "l"(p.status + AMK_STATUS_ABORT) : "memory");
     if (ab) return 1;
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if ((int64_t)(t - t0) > p.timeout_ns) {
       amk_report(p, AMK_ERR_TIMEOUT, in.task_id, in.op, detail, sm);
       return 1;

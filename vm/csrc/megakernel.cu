@@ -2,9 +2,9 @@
 //
 // Block b runs queue b (queue_items[queue_offsets[b] : queue_offsets[b+1]]) in order. Per task:
 //   1. copy the instruction POD into shared memory; issue L2 prefetches for the weight ranges of the next
-//      AMK_PREFETCH_DEPTH queued tasks (each range once, at most prefetch_cap bytes); on sm_90 builds with the weight
-//      ring (stream.cuh), thread 0 also fills free ring stages with upcoming weight rows -- weights never wait on
-//      activations;
+//      AMK_PREFETCH_DEPTH queued tasks (each range once, at most prefetch_cap bytes). On sm_90 builds with the
+//      weight ring (stream.cuh) one more warp per block, the producer, streams the weights of the queue's streamed
+//      tasks into the ring from the launch's start, in queue order -- weights never wait on activations;
 //   2. thread 0 waits (acquire + backoff) until every wait counter reaches its threshold, polling the abort flag and
 //      a %globaltimer budget (TIMEOUT names task + counter); meanwhile the other warps resolve the task's buffer
 //      slots and IO scalars (token, pos) into shared memory, stage its fused RMSNorm weight (amk_prep_*) and
@@ -153,14 +153,14 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
 // (vm/loader.py). The next launch cannot start before this one has finished, so the stores need no fence.
 __device__ __noinline__ void amk_exit(const AmkParams& p) {
   __shared__ int s_last;
-  __syncthreads();
+  amk_sync();
   if (amk_tid() == 0) {
     int old;
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(p.status + AMK_STATUS_EXITS)
                  : "memory");
     s_last = old == (int)gridDim.x - 1 && amk_ld_relaxed(p.status + AMK_STATUS_ABORT) == 0;
   }
-  __syncthreads();
+  amk_sync();
   if (!s_last) return;
   for (int i = amk_tid(); i < p.n_counters; i += AMK_THREADS) p.counters[i] = 0;
   if (amk_tid() == 0) {
@@ -181,13 +181,14 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
+extern "C" __global__ void __launch_bounds__(AMK_BLOCK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
   __shared__ AmkInstr s_ins;
   __shared__ float s_red[64];
   __shared__ float s_part[64];
   __shared__ int s_flag;
   __shared__ AmkRing s_ring;
-  __shared__ __align__(8) uint64_t s_bars[AMK_STAGES];
+  __shared__ __align__(8) uint64_t s_bars[AMK_STAGES];   // the ring's full barriers
+  __shared__ __align__(8) uint64_t s_ebars[AMK_STAGES];  // and its empty barriers
   __shared__ AmkPre s_pre;
   __shared__ AmkSlot s_slots[AMK_MAX_BUFS];
   __shared__ __align__(8) uint64_t s_pre_bar;
@@ -195,6 +196,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   __shared__ int64_t s_need;
   const int sm = (int)blockIdx.x;
   if (sm >= p.n_queues) {  // (the host launches one block per queue; a spare block only counts itself out)
+    if (amk_warp() >= AMK_NWARPS) return;  // (ring builds: the producer warp)
     amk_exit(p);
     return;
   }
@@ -215,9 +217,13 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
   static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
   constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
   unsigned char* pre_buf = amk_dyn_smem + AMK_RING_BYTES;
-  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, amk_dyn_smem, q0);
+  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, s_ebars, amk_dyn_smem);
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
-  __syncthreads();
+  __syncthreads();  // (every thread of the block, the ring's producer warp too)
+  if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done
+    if (amk_lane() == 0) amk_ring_produce(p, s_ring, q0, q1, sm);
+    return;
+  }
 #if AMK_PREFETCH_DEPTH > 0
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
 #endif
@@ -238,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     const int pf_end = (qi + 1 + AMK_PREFETCH_DEPTH) < q1 ? (qi + 1 + AMK_PREFETCH_DEPTH) : q1;
     for (; pf < pf_end; ++pf) amk_prefetch_instr(p.instrs + p.queue_items[pf], p.prefetch_cap);
 #endif
-    __syncthreads();
+    amk_sync();
     float* const nw = op_smem + amk_smem_floats(s_ins);  // the staged norm weight follows the op's area
     if (AMK_CTX_ONCE) {
       c.instr_index = idx;
@@ -247,7 +253,6 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     uint64_t* const trace = p.trace ? p.trace + (size_t)idx * AMK_TRACE_WORDS : nullptr;  // this task's record
     if (amk_tid() == 0) {
       if (trace) trace[0] = amk_globaltimer();  // stored at once: nothing of it stays live across the op call
-      amk_ring_pump(p, s_ring, q1);  // weights of this and later tasks start moving before we wait
       s_flag = amk_wait_all(P, s_ins, qi + 1 < q1 ? p.queue_items + qi + 1 : nullptr, sm, true);
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
@@ -269,9 +274,9 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
 #endif
       }
     }
-    __syncthreads();
+    amk_sync();
     if (s_flag) {
-      if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
+      if (amk_tid() == 0) { s_ring.stop = 1; amk_pre_drain(p, s_pre); }  // (the producer drains its copies)
       amk_cp_async_wait<0>();  // KV rows amk_attn_early issued land before the block exits
       break;
     }
@@ -290,7 +295,7 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
     // TLB entries and data are warm against the first. The early KV rows are issued again (the first run's
     // cross-warp merge overwrote the stages).
     if ((AMK_DBG_TWICE_OPS >> s_ins.op) & 1) {
-      __syncthreads();
+      amk_sync();
       if (!s_flag) {
         if (!AMK_DBG_TWICE_NOKV && amk_attn_early_hint(s_ins)) amk_attn_early(ci, 0);
         amk_mark(ci, 0);
@@ -298,11 +303,11 @@ extern "C" __global__ void __launch_bounds__(AMK_THREADS, 1) amk_megakernel(cons
       }
     }
 #endif
-    __syncthreads();
+    amk_sync();
     if (!AMK_DBG_ATTN_STAGE_MARKS || (s_ins.op != AMK_OP_ATTN_PARTIAL && s_ins.op != AMK_OP_ATTN_DECODE))
       amk_mark(ci, 3);  // (the stage-marks diagnostic keeps an attention task's mark 3 inside its stage)
     if (s_flag) {
-      if (amk_tid() == 0) { amk_ring_drain(p, s_ring); amk_pre_drain(p, s_pre); }
+      if (amk_tid() == 0) { s_ring.stop = 1; amk_pre_drain(p, s_pre); }
       amk_cp_async_wait<0>();  // (a joined attention task that stopped at its wait has early KV rows in flight)
       break;
     }
@@ -348,7 +353,7 @@ extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* st
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid, 1, 1);
-  cfg.blockDim = dim3(AMK_THREADS, 1, 1);
+  cfg.blockDim = dim3(AMK_BLOCK_THREADS, 1, 1);
   cfg.dynamicSmemBytes = (size_t)smem_bytes;
   cfg.stream = (cudaStream_t)stream;
   cudaLaunchAttribute attr[1];
@@ -362,7 +367,7 @@ extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* st
 extern "C" int amk_occupancy(int smem_bytes, int* blocks_per_sm) {
   const int e = amk_prepare(smem_bytes);
   if (e) return e;
-  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, amk_megakernel, AMK_THREADS,
+  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, amk_megakernel, AMK_BLOCK_THREADS,
                                                             (size_t)smem_bytes);
 }
 

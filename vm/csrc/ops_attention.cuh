@@ -134,7 +134,7 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
       }
     }
   }
-  __syncthreads();
+  amk_sync();
   // (2) online softmax per head: m' = max(m, max_j s), p = e^(s - m'), l' = l e^(m - m') + sum p
   for (int g = warp; g < G && !(AMK_DBG_SKIP & 2); g += AMK_NWARPS) {
     float* s_g = a.sc + g * KT;
@@ -157,7 +157,7 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
       a.st[g] = m_new;
     }
   }
-  __syncthreads();
+  amk_sync();
   // (3) o = o * alpha + P.V. Row group rg takes consecutive rows [j0, j1) (a multiple of 4 per group, so the
   // probabilities of 4 rows are one float4), dim pair dp; partials summed over row groups in fixed order.
   int rpg = a.rpg;
@@ -212,7 +212,7 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
       for (int g = 0; g < AMK_ATTN_GB; ++g)
         if (g < gn) *(float2*)(a.red + (a.rg * a.GBm + g) * D + 2 * a.dp) = make_float2(a0[g], a1[g]);
     }
-    __syncthreads();
+    amk_sync();
     if (!(AMK_DBG_SKIP & 8)) {
       const int n = gn * D, stride = a.GBm * D;
       int g = a.og, d = a.od;
@@ -227,7 +227,7 @@ __device__ __forceinline__ void amk_attn_tile(const AmkAttnThread& a, const char
         if (d >= D) { d -= D; ++g; }
       }
     }
-    __syncthreads();
+    amk_sync();
   }
 }
 
@@ -323,13 +323,13 @@ __device__ __noinline__ bool amk_attn_core(const AmkCtx& c, const float* q, cons
   for (int t = 0; t < nt; ++t) {
     issue(t + AMK_ATTN_STAGES - 1);
     amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
-    __syncthreads();
+    amk_sync();
     const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT;
     const char* stg = a.kv + (t % AMK_ATTN_STAGES) * AMK_ATTN_STAGE_BYTES;
     if (!AMK_DBG_NOCOMPUTE) amk_attn_tile<T>(a, stg, stg + KT * row, tn, scale);
   }
   amk_cp_async_wait<0>();
-  __syncthreads();
+  amk_sync();
   return true;
 }
 

@@ -229,7 +229,7 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
   const bool oneshot = AMK_ATTN_ONESHOT && nt <= AMK_ATTN_PRO && (AMK_ATTN_ONESHOT != 2 || c.p->n_queues < 0);
   if (oneshot) {
     amk_cp_async_wait<0>();
-    __syncthreads();
+    amk_sync();
   }
   for (int t = 0; t < nt; ++t) {
     // tile t + STAGES - 1 is issued here unless the prologue did (it issued tiles 0..PRO-1); groups committed
@@ -239,12 +239,12 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
 #if AMK_ATTN_ONEBAR
       if (AMK_ATTN_FILL && t == 0) amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
       else amk_cp_async_wait<AMK_ATTN_STAGES - 2>();
-      __syncthreads();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
+      amk_sync();  // tile t landed, and every warp is done with tile t - 1: its stage takes tile t + STAGES - 1
       if (refill) issue(t + AMK_ATTN_STAGES - 1);
 #else
       if (refill) issue(t + AMK_ATTN_STAGES - 1);
       amk_cp_async_wait<AMK_ATTN_STAGES - 1>();
-      __syncthreads();
+      amk_sync();
 #endif
     }
     const int t0 = lo + t * KT, tn = (hi - t0) < KT ? (hi - t0) : KT, nch = (tn + 15) >> 4;
@@ -298,11 +298,11 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       }
     }
 #if !AMK_ATTN_ONEBAR
-    if (!oneshot) __syncthreads();  // the stage may be refilled
+    if (!oneshot) amk_sync();  // the stage may be refilled
 #endif
   }
   amk_cp_async_wait<0>();
-  __syncthreads();
+  amk_sync();
   // merge the warps: O_w -> stage area [NWARPS][G][D], (m_w, l_w) -> score area [NWARPS][G] x 2. Only the first
   // nwa warps got a chunk (chunks are numbered from 0 over the task, chunk i on warp i % NWARPS); the others hold
   // m = -inf, l = 0, O = 0, which add nothing to the merge below, so they are left out (same bits).
@@ -321,7 +321,7 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       lw[warp * G + g] = l;
     }
   }
-  __syncthreads();
+  amk_sync();
   for (int idx = tid; idx < G * D; idx += AMK_THREADS) {
     const int h = idx / D, d = idx - h * D;
     float mm = -INFINITY;
@@ -343,7 +343,7 @@ __device__ __noinline__ void amk_attn_mma(const AmkCtx& c, const float* q, const
       }
     }
   }
-  if (out == nullptr) __syncthreads();
+  if (out == nullptr) amk_sync();
 }
 
 // Rows [lo, pos) of the first AMK_ATTN_STAGES tiles of the task with keys r, cache bases kbase / vbase, into the

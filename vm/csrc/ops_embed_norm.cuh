@@ -120,7 +120,7 @@ __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, in
     ss = amk_warp_sum(ss);
     if (amk_lane() == 0) red[amk_warp()] = ss;
   }
-  __syncthreads();
+  amk_sync();
   amk_mark(c, 1);
   if (nw_s == nullptr) return 1.0f;
   float t = 0.f;

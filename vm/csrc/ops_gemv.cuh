@@ -234,7 +234,7 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
       acc[m] = amk_warp_sum(acc[m]);
       if (lane == 0) c.part[warp * NM + m] = acc[m];
     }
-    __syncthreads();
+    amk_sync();
     const int r = amk_tid();
     if (r < rn) {
       float s[NM];
@@ -248,11 +248,12 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
   }
 }
 
-// Rows [0, g.rows) of a streamed task, stage by stage from the weight ring. Within a stage, warp group gi = warp/wpr
-// owns rows gi, gi + NW/wpr, ...; its wpr warps split the row's K range. Each (row, matrix, sub-warp) partial goes to
-// stash[(r*NM + m)*wpr + sub] (no barrier per row); after the last stage the partials are summed in fixed order and
-// epi(r, acc[NM]) runs once per row -- one round of epilogue latency per task, two barriers per stage.
-// Returns false if the block must stop (abort flag set; the kernel loop drains the ring and exits).
+// Rows [0, g.rows) of a streamed task, stage by stage from the weight ring (stream.cuh). Within a stage, warp group
+// gi = warp/wpr owns rows gi, gi + NW/wpr, ...; its wpr warps split the row's K range. Each (row, matrix, sub-warp)
+// partial goes to stash[(r*NM + m)*wpr + sub]. No block barrier per stage: every warp waits on the stage's full
+// barrier itself and releases the slot to the producer warp when its part is done; after the last stage one block
+// barrier, then the partials are summed in fixed order and epi(r, acc[NM]) runs once per row.
+// Returns false if the block must stop (abort flag set; the kernel loop stops the producer and exits).
 template <class T, int NM, class Epi>
 __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom& g, int K, const float* xs,
                                                   float* stash, Epi epi) {
@@ -260,15 +261,20 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
   const int warp = amk_warp(), lane = amk_lane();
   const int wpr = amk_stream_wpr(g), groups = AMK_NWARPS / wpr, gi = warp / wpr, sub = warp - gi * wpr;
   const int nc = K / T::VE;
-  uint32_t seq = R.consumed;  // all threads: stable since the last barrier
+  const uint32_t seq0 = R.consumed;  // all threads: stable since the last barrier
+  uint32_t seq = seq0;
+  bool ok = true;
   for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++seq) {
     const int n = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
-    if (amk_tid() == 0 && amk_ring_wait(*c.p, R, seq, *c.ins, c.sm)) *c.flag = 1;
-    __syncthreads();
-    if (*c.flag) return false;
-    while (!amk_mbar_try(R.bar + 8u * (seq % AMK_STAGES), (seq / AMK_STAGES) & 1u)) {}  // this thread's acquire
-    const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
+    // Every warp waits for the stage, even one with no row in it: a stage has landed only after the producer saw
+    // its slot's previous use released by all warps, so no warp's release can count towards an earlier use.
+    if (!amk_ring_wait_warp(c, seq)) {
+      if (lane == 0) *c.flag = 1;
+      ok = false;
+      break;
+    }
     if (gi < groups) {
+      const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
       for (int r = gi; r < n; r += groups) {
         const char* rows[NM];
 #pragma unroll
@@ -284,12 +290,11 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
         }
       }
     }
-    __syncthreads();  // every thread is done with the stage (and its stash writes are visible)
-    if (amk_tid() == 0) {
-      R.consumed = seq + 1;
-      amk_ring_pump(*c.p, R, c.q1);
-    }
+    amk_ring_release_warp(R, seq);
   }
+  amk_sync();  // every warp is past its stages (and its stash writes are visible)
+  if (*c.flag || !ok) return false;
+  if (amk_tid() == 0) R.consumed = seq0 + (uint32_t)((g.rows + g.sr - 1) / g.sr);  // (read after the task's barrier)
   for (int r = amk_tid(); r < g.rows; r += AMK_THREADS) {
     float a[NM];
 #pragma unroll
@@ -357,7 +362,7 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
     if (pair && amk_argmax_better(v, r0 + r, bv, bi)) { bv = v; bi = r0 + r; }
   });
   if (pair) {
-    __syncthreads();  // every warp is past its rows (c.red / c.part are free for the block argmax)
+    amk_sync();  // every warp is past its rows (c.red / c.part are free for the block argmax)
     amk_argmax_block(c, bv, bi);
     if (amk_tid() == 0) *pair = make_float2(bv, (float)(bi == INT_MAX ? r0 : bi));
   }
@@ -386,12 +391,12 @@ __device__ __forceinline__ void amk_stage_merged_x(const AmkCtx& c, const float*
   } else {
     for (int i = amk_tid(); i < n; i += AMK_THREADS) ps[i] = __ldcg(part + i);
   }
-  __syncthreads();
+  amk_sync();
   for (int idx = amk_tid(); idx < K; idx += AMK_THREADS) {
     const int h = idx / GD, r = idx - h * GD, g = r / D;
     xs[amk_xpos(idx, K, split)] = amk_attn_merge_elem(ps + h * hrow, ns, G, D, g, r - g * D, AmkLdPlain{});
   }
-  __syncthreads();
+  amk_sync();
   amk_mark(c, 1);
 }
 
@@ -581,7 +586,7 @@ __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int
     if (n > 0) tile(r0 + a, n);
     if (n_tk == 0) break;
     if (amk_tid() == 0) amk_s_chunk[it & 1] = tk;
-    __syncthreads();
+    amk_sync();
     tk = amk_s_chunk[it & 1];
     if (tk >= n_tk) break;
     a = (int)own_end + tk * dr;
@@ -635,10 +640,10 @@ __device__ __noinline__ void amk_silu_down_body(const AmkCtx& c, const float* xs
   const AmkSrcGlobal src{amk_policy_evict_first()};
   auto add = [&](int r, const float (&a)[1]) { atomicAdd(y + r, a[0]); };
   if (rn % T::VE == 0 && rn / T::VE <= 32 && amk_aligned16(wd)) {
-    amk_short_rows<T, AMK_DOWN_RS>(wd, (size_t)rn * T::BYTES, hsm, rn / T::VE, N, src, true, [] { __syncthreads(); },
+    amk_short_rows<T, AMK_DOWN_RS>(wd, (size_t)rn * T::BYTES, hsm, rn / T::VE, N, src, true, [] { amk_sync(); },
                                    add);
   } else {
-    __syncthreads();
+    amk_sync();
     const char* Wd[1] = {wd};
     amk_gemv_tile<T, 1>(c, Wd, rn, N, hsm, src, add);
   }

@@ -21,7 +21,7 @@ __device__ __noinline__ void amk_op_l2_prefetch(const AmkCtx& c) {
       const uint64_t t0 = amk_globaltimer();
       while ((int64_t)(amk_globaltimer() - t0) < delay) __nanosleep(128);
     }
-    __syncthreads();
+    amk_sync();
   }
 #pragma unroll
   for (int k = 0; k < AMK_MAX_PREFETCH; ++k) amk_prefetch_range(in.prefetch_ptr[k], in.prefetch_bytes[k]);

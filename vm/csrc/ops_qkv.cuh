@@ -78,7 +78,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
     amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
       amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys, xr);
     });
-    __syncthreads();
+    amk_sync();
     if (*c.flag) return;
     const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);
     const int inv_dt = amk_dtype(c, AMK_QKV_ROPE_IN_INV_FREQ);
@@ -102,7 +102,7 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
     amk_qkv_gemv_body<decltype(tag)>(c, xs, row0, hn * hd, K, wbase, bias, bias_dt, ys, xr);
   });
-  __syncthreads();
+  amk_sync();
   if (*c.flag) return;  // the weight ring reported an error (uniform after the barrier)
 
   const void* qkn = has_qkn ? amk_ptr(c, s_qkn) : nullptr;
@@ -158,7 +158,7 @@ __device__ __noinline__ void amk_op_qk_norm_rope(const AmkCtx& c) {
     else if (i < nr + 2 * hd) wn[i - nr] = amk_ldw(kw, kw_dt, i - nr - hd);
     else fr[i - nr - 2 * hd] = amk_ldw(inv, inv_dt, i - nr - 2 * hd);
   }
-  __syncthreads();
+  amk_sync();
   float* q = (float*)amk_ptr(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN) + (int64_t)g * G * hd;
   void* kc = amk_ptr(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);
   const int kc_dt = amk_dtype(c, AMK_QK_NORM_ROPE_N_REQUIRED_IN + 1);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void amk_pre_init(const AmkParams& p, AmkPre& P, uint
 __device__ __forceinline__ bool amk_pre_wait(const AmkCtx& c) {
   const uint32_t parity = (c.pre->n - 1u) & 1u;  // stable: the producer changes n only between tasks
   if (amk_tid() == 0 && amk_mbar_wait(*c.p, c.pre->bar, parity, *c.ins, AMK_PRELOAD_DETAIL, c.sm)) *c.flag = 1;
-  __syncthreads();
+  amk_sync();
   if (*c.flag) return false;
   while (!amk_mbar_try(c.pre->bar, parity)) {}  // this thread's own acquire of the copied bytes
   return true;

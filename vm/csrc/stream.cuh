@@ -1,35 +1,45 @@
 // The weight ring (sm_90+, AMK_TMA=1): GEMV-family weights stream HBM -> shared memory with 1-D bulk copies
 // (cp.async.bulk, mbarrier complete_tx), AMK_STAGES stages of AMK_STAGE_BYTES, in queue order and across task
-// boundaries. Thread 0 is the producer: it fills free stages with the next rows of the current or any later task
-// of this block's queue -- before the block spins on a task's waits, so weights never wait on activations -- and
-// refills a stage as soon as the block has consumed it. All threads consume stages in the same order.
+// boundaries. A ring build launches one more warp per block, the PRODUCER (warp AMK_NWARPS, lane 0): from the
+// launch's start it walks the block's queue and issues the stages of every streamed task in order, never waiting on
+// a task's counters (weights are constant for the launch), so the ring fills while the block waits on a dependency
+// or runs attention -- and at most AMK_RING_WINDOW copies are in flight at once (a stage is issued only when the
+// one AMK_RING_WINDOW stages back has landed). The compute warps consume stages without block barriers: each warp
+// waits on a stage's full barrier itself, computes its rows of the stage and arrives on the stage's empty barrier
+// (AMK_NWARPS arrivals free the slot for the producer).
+//
+// Why the window (scripts/pipe_micro.cu, docs/PERF.md forty-fourth session): a llama-3.2-1b-shaped step of six
+// dependent phases per layer ran 926 us with the register path, 930 us with a 12 x 16 KB ring and no window (every
+// SM's 192 KB of copies in flight queue the hops' counter polls and input loads behind them), 811 us with the same
+// ring and at most 2 copies in flight (32 KB), 806 us with 24 x 8 KB and 6 in flight.
 //
 // A stage holds whole rows: sr = AMK_STAGE_BYTES / (nmat * row_bytes) rows of each of the task's nmat matrices
 // (GEMV_SILU_MUL: gate rows then up rows). The loader sets AMK_INSTR_FLAG_STREAM only where row_bytes % 16 == 0 and
 // nmat * row_bytes <= AMK_STAGE_BYTES; other tasks (and non-sm_90 builds) use the register streaming path.
 // Stage n lives in slot n % AMK_STAGES; its mbarrier phase parity is (n / AMK_STAGES) & 1.
 //
-// Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True): on an H100
-// (llama-3.2-1b bf16, 2026 runs) the ring measured 2.78-2.97 ms/token against 1.66-1.83 ms for the register path,
-// and 2.0x the register path's 1.19 ms again on 2026-11-24 after a rebuild without block barriers per stage
-// (branch wip/ring-producer-warp, not merged). scripts/ring_micro.cu shows why (docs/PERF.md, fifteenth session):
-// with this GEMV consumer and the producer inside a consuming warp a block streams ~11 GB/s whatever the number of
-// stages, a dedicated producer warp gets ~20 GB/s, and 1-D bulk copies alone top out at ~33 GB/s per SM, where
-// plain register loads reach 55 GB/s per SM when the HBM has room.
+// Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True) and SLOW:
+// on an H100 (llama-3.2-1b bf16 ctx 512, forty-fourth session) this ring measured 2106 us (512 compute threads +
+// the producer: 17 warps, so ptxas caps every function at 96 registers and the ops spill) and 2132-2479 us (480
+// compute threads, 4-9 stages of 16 KB, window 2-3) against 1123 us for the register path; every streamed family
+// ran at ~11 GB/s per SM, as the earlier rings did (thread 0 producing between stages, fifteenth session). Why the
+// megakernel's consumer is that much slower than pipe_micro.cu's (whole rows per warp, x in registers) is open.
 #pragma once
 #include "common.cuh"
 #include "mbarrier.cuh"
+#include "sync.cuh"  // amk_ld_relaxed
 
-#ifndef AMK_TMA
-#define AMK_TMA 0
-#endif
 #ifndef AMK_STAGES
 #define AMK_STAGES 4
 #endif
 #ifndef AMK_STAGE_BYTES
 #define AMK_STAGE_BYTES 32768
 #endif
-static_assert(AMK_STAGE_BYTES % 128 == 0 && AMK_STAGES >= 1 && AMK_STAGES <= 16, "bad ring geometry");
+#ifndef AMK_RING_WINDOW
+#define AMK_RING_WINDOW 2
+#endif
+static_assert(AMK_STAGE_BYTES % 128 == 0 && AMK_STAGES >= 1 && AMK_STAGES <= 32, "bad ring geometry");
+static_assert(AMK_RING_WINDOW >= 1, "AMK_RING_WINDOW: at least one copy in flight");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && AMK_TMA
 #define AMK_RING_DEVICE 1
 #else
@@ -66,78 +76,118 @@ __host__ __device__ __forceinline__ int amk_stash_floats(const AmkGeom& g) {
   return g.rows * g.nmat * amk_stream_wpr(g);
 }
 
-// Ring state in shared memory. Producer fields are touched by thread 0 only; `consumed` is written by thread 0
-// after a barrier and read by all threads at op entry (always separated by barriers).
+// Ring state in shared memory. `consumed` (stages consumed by the finished streamed tasks) is written by thread 0
+// after a task's closing barrier and read by every compute thread at a streamed op's entry; `stop` is raised by the
+// compute warps when the block leaves the launch early (abort / timeout), so the producer stops issuing.
 struct AmkRing {
-  uint32_t issued, consumed;  // stage sequence numbers
-  int pq;                     // producer: queue position of the task being issued
-  int prow;                   // producer: next row of that task
-  int loaded;                 // producer: geometry below is valid for queue position pq
-  int rows, nmat, row_bytes, sr;
-  uint64_t src[2];
-  uint32_t base;              // shared address of slot 0
-  uint32_t bar;               // shared address of mbarrier 0 (8 bytes each)
+  uint32_t consumed;
+  volatile int stop;
+  uint32_t base;  // shared address of slot 0
+  uint32_t bar;   // shared address of full mbarrier 0 (8 bytes each; slot s at bar + 8 s)
+  uint32_t ebar;  // shared address of empty mbarrier 0
 };
 
-// Thread 0, once per launch: barriers + producer state.
-__device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, void* ring_base, int q0) {
-  R.issued = R.consumed = 0;
-  R.pq = q0;
-  R.prow = 0;
-  R.loaded = 0;
+// Thread 0, once per launch, before the block's first barrier: barriers + state.
+__device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, uint64_t* ebars, void* ring_base) {
+  R.consumed = 0;
+  R.stop = 0;
   R.base = amk_smem_addr(ring_base);
   R.bar = amk_smem_addr(bars);
+  R.ebar = amk_smem_addr(ebars);
 #if AMK_RING_DEVICE
-  for (int s = 0; s < AMK_STAGES; ++s) amk_mbar_init(R.bar + 8u * s);
+  for (int s = 0; s < AMK_STAGES; ++s) {
+    amk_mbar_init(R.bar + 8u * s);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(R.ebar + 8u * s), "r"(AMK_NWARPS) : "memory");
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
 
-// Thread 0: fill free stages with the next rows of this block's queue (from queue position R.pq up to q1).
-__device__ __forceinline__ void amk_ring_pump(const AmkParams& p, AmkRing& R, int q1) {
+// Producer: wait for phase `parity` of `bar`. false: stop (the block left, the launch aborted, or the wait timed
+// out -- reported as a TIMEOUT of this block's first streamed task with detail -1 - AMK_STAGES - slot).
+__device__ __noinline__ bool amk_ring_pwait(const AmkParams& p, const AmkRing& R, uint32_t bar, uint32_t parity,
+                                            int task, int op, int detail, int sm) {
+  if (amk_mbar_try(bar, parity)) return true;
+  uint64_t t0, tc;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  tc = t0;
+  for (;;) {
+    if (amk_mbar_try(bar, parity)) return true;
+    if (R.stop) return false;
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - tc < AMK_MBAR_POLL_NS) continue;  // (the abort flag at most once per AMK_MBAR_POLL_NS, mbarrier.cuh)
+    tc = t;
+    if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return false;
+    if ((int64_t)(t - t0) > p.timeout_ns) {
+      amk_report(p, AMK_ERR_TIMEOUT, task, op, detail, sm);
+      return false;
+    }
+  }
+}
+
+// The producer (lane 0 of warp AMK_NWARPS), for the whole launch: every stage of every streamed task of queue
+// positions [q0, q1), in order. It returns when all are issued (the compute warps consume every one before the
+// block ends), or on stop, after the copies in flight have landed (bounded), so none outlives the block.
+__device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, int q0, int q1, int sm) {
 #if AMK_RING_DEVICE
   const uint64_t pol = amk_policy_evict_first();
-  while (R.issued - R.consumed < (uint32_t)AMK_STAGES) {
-    if (!R.loaded) {
-      if (R.pq >= q1) return;
-      const AmkInstr& in = p.instrs[p.queue_items[R.pq]];
-      AmkGeom g;
-      if (!amk_stream_geom(in, g)) { ++R.pq; continue; }
-      R.rows = g.rows; R.nmat = g.nmat; R.row_bytes = g.row_bytes; R.sr = g.sr;
-      R.src[0] = in.prefetch_ptr[0];
-      R.src[1] = in.prefetch_ptr[1];
-      R.prow = 0;
-      R.loaded = 1;
+  uint32_t n = 0;  // stages issued
+  for (int q = q0; q < q1; ++q) {
+    const AmkInstr& in = p.instrs[__ldg(p.queue_items + q)];
+    AmkGeom g;
+    if (!amk_stream_geom(in, g)) continue;
+    const uint64_t src0 = in.prefetch_ptr[0], src1 = in.prefetch_ptr[1];
+    for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++n) {
+      const uint32_t slot = n % AMK_STAGES;
+      const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
+      if (n >= (uint32_t)AMK_STAGES &&
+          !amk_ring_pwait(p, R, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
+                          -1 - AMK_STAGES - (int)slot, sm))
+        goto drain;
+      if (n >= (uint32_t)AMK_RING_WINDOW) {  // the copy AMK_RING_WINDOW stages back has landed
+        const uint32_t m = n - AMK_RING_WINDOW;
+        if (!amk_ring_pwait(p, R, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
+                            -1 - (int)(m % AMK_STAGES), sm))
+          goto drain;
+      }
+      const int nr = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
+      const uint32_t bytes = (uint32_t)nr * (uint32_t)g.row_bytes;
+      amk_mbar_expect(bar, bytes * g.nmat);
+      amk_bulk_g2s(dst, src0 + (uint64_t)r0 * (uint64_t)g.row_bytes, bytes, bar, pol);
+      if (g.nmat > 1) amk_bulk_g2s(dst + bytes, src1 + (uint64_t)r0 * (uint64_t)g.row_bytes, bytes, bar, pol);
     }
-    const int n = (R.rows - R.prow) < R.sr ? (R.rows - R.prow) : R.sr;
-    const uint32_t slot = R.issued % AMK_STAGES;
-    const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
-    const uint32_t bytes = (uint32_t)n * (uint32_t)R.row_bytes;
-    amk_mbar_expect(bar, bytes * R.nmat);
-    for (int m = 0; m < R.nmat; ++m)
-      amk_bulk_g2s(dst + (uint32_t)m * bytes, R.src[m] + (uint64_t)R.prow * (uint64_t)R.row_bytes, bytes, bar, pol);
-    ++R.issued;
-    R.prow += n;
-    if (R.prow >= R.rows) { R.loaded = 0; ++R.pq; }
   }
+  return;
+drain:
+  for (uint32_t m = n > (uint32_t)AMK_RING_WINDOW ? n - AMK_RING_WINDOW : 0u; m < n; ++m)
+    amk_mbar_drain(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u);
 #else
-  (void)p; (void)R; (void)q1;
+  (void)p; (void)R; (void)q0; (void)q1; (void)sm;
 #endif
 }
 
-// Thread 0: wait until stage `seq` has landed. 0 = ready; 1 = abort seen or timed out (reported).
-__device__ __forceinline__ int amk_ring_wait(const AmkParams& p, const AmkRing& R, uint32_t seq, const AmkInstr& in,
-                                             int sm) {
-  return amk_mbar_wait(p, R.bar + 8u * (seq % AMK_STAGES), (seq / AMK_STAGES) & 1u, in, -1 - (int)(seq % AMK_STAGES),
-                       sm);
+// A compute warp: wait until stage `seq` has landed (lane 0 waits bounded, then every lane acquires it).
+// false: abort seen or timed out (reported); the caller stops using the ring.
+__device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, uint32_t seq) {
+  const AmkRing& R = *c.ring;
+  const uint32_t bar = R.bar + 8u * (seq % AMK_STAGES), parity = (seq / AMK_STAGES) & 1u;
+  int bad = 0;
+  if (amk_lane() == 0) bad = amk_mbar_wait(*c.p, bar, parity, *c.ins, -1 - (int)(seq % AMK_STAGES), c.sm);
+  bad = __shfl_sync(0xffffffffu, bad, 0);
+  if (bad) return false;
+  while (!amk_mbar_try(bar, parity)) {}
+  return true;
 }
 
-// Thread 0, before the block exits early: let in-flight bulk copies land (bounded), so no copy outlives the block.
-__device__ __forceinline__ void amk_ring_drain(const AmkParams& p, const AmkRing& R) {
+// A compute warp is done reading stage `seq` (every lane's shared loads consumed): one arrival on its empty barrier.
+__device__ __forceinline__ void amk_ring_release_warp(const AmkRing& R, uint32_t seq) {
+  __syncwarp();
 #if AMK_RING_DEVICE
-  for (uint32_t s = R.consumed; s != R.issued; ++s)
-    amk_mbar_drain(p, R.bar + 8u * (s % AMK_STAGES), (s / AMK_STAGES) & 1u);
+  if (amk_lane() == 0)
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(R.ebar + 8u * (seq % AMK_STAGES)) : "memory");
 #else
-  (void)p; (void)R;
+  (void)R; (void)seq;
 #endif
 }
 

@@ -1,9 +1,9 @@
 // Inter-block synchronisation of the megakernel: acquire waits with backoff + timeout, release increments,
 // and L2 weight prefetch issued before a block spins (weights never wait on activations).
 //
-// Protocol (schedule/ir.py): counters start at 0 each launch. Producer: __syncthreads(); thread 0 does a
+// Protocol (schedule/ir.py): counters start at 0 each launch. Producer: amk_sync(); thread 0 does a
 // gpu-scope release add (cumulative over the block's writes ordered by the barrier). Consumer: thread 0 spins
-// with gpu-scope acquire loads until counter >= threshold, then __syncthreads(); data is then read with __ldcg.
+// with gpu-scope acquire loads until counter >= threshold, then amk_sync(); data is then read with __ldcg.
 #pragma once
 #include "common.cuh"
 
@@ -214,7 +214,7 @@ __device__ __forceinline__ bool amk_join(const AmkCtx& c) {
     if (c.p->trace)  // "waits met" (the task loop stamped its check)
       c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 1] = amk_globaltimer();
   }
-  __syncthreads();  // every thread has read amk_s_join (above) and sees the inputs thread 0 acquired
+  amk_sync();  // every thread has read amk_s_join (above) and sees the inputs thread 0 acquired
   if (amk_tid() == 0) amk_s_join = 2;  // read again only after the task loop's next barrier
   return *c.flag == 0;
 }
