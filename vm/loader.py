@@ -296,6 +296,10 @@ class MegakernelVM:
         if code == abi.STATUS_TIMEOUT and detail == PRELOAD_DETAIL:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for its preloaded weight "
                     f"tile (bulk copy never completed)")
+        stages = self.ring_bytes // max(1, int(self.build_info.get("stage_bytes", 1))) if self.ring_bytes else 0
+        if code == abi.STATUS_TIMEOUT and detail < 0 and stages and -1 - detail >= stages:
+            return (f"megakernel wait timeout after {self.timeout_s:g} s: the weight ring's producer, issuing {where}'s "
+                    f"rows, waited for slot {-1 - detail - stages} to be released by the compute warps")
         if code == abi.STATUS_TIMEOUT and detail < 0:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for weight-ring slot "
                     f"{-1 - detail} (bulk copy never completed)")
