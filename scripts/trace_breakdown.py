@@ -2,8 +2,8 @@
 
     python scripts/trace_breakdown.py llama-3.2-1b --ctx 512 --variants 'reg={}' 'ring={"tma":1}'
 
-A variant is NAME=JSON: schedule-config keys plus the build keys ``tma`` (0/1), ``stages`` and ``stage_bytes``
-(the sm_90 weight ring), ``attn_stages`` and ``attn_stage_bytes`` (attention KV tiles) and ``nvcc`` (extra nvcc flags, e.g. "-DAMK_U2=8"). For each variant: correctness vs transformers (eval.bench.check_program), the timed latency
+A variant is NAME=JSON: schedule-config keys plus the build keys ``tma`` (0/1), ``stages``, ``stage_bytes`` and
+``ring_window`` (the sm_90 weight ring), ``attn_stages`` and ``attn_stage_bytes`` (attention KV tiles) and ``nvcc`` (extra nvcc flags, e.g. "-DAMK_U2=8"). For each variant: correctness vs transformers (eval.bench.check_program), the timed latency
 (CUDA events, median), then one traced step (MegakernelVM.trace_step) broken down into (``--marks``: also the
 segments inside each task, from a build with -DAMK_MARKS=1)
   * per family (QKV, attention, o_proj, gate_up, down, lm_head ...): tasks, mean wait, mean execution, and the
@@ -33,6 +33,7 @@ from schedule.ir import get_target, validate  # noqa: E402
 from schedule.lower import lower  # noqa: E402
 
 BUILD_KEYS = {"tma": "AMK_TMA", "stages": "AMK_STAGES", "stage_bytes": "AMK_STAGE_BYTES", "nvcc": "AMK_NVCC_FLAGS",
+              "ring_window": "AMK_RING_WINDOW",
               "attn_stages": "AMK_ATTN_STAGES", "attn_stage_bytes": "AMK_ATTN_STAGE_BYTES"}
 
 

@@ -74,6 +74,7 @@ class BuildSpec:
     tma: bool = True              # weight ring with bulk copies (sm_90+ only)
     stages: int = 4               # ring stages
     stage_bytes: int = 32768      # bytes per ring stage
+    ring_window: int = 2          # ring copies in flight at most (issued, not landed; < stages)
     opt: str = "-O3"
     extra_cuda_cflags: tuple[str, ...] = ()
     preload: bool = False         # whole-tile weight preload path (sm_90+, vm/csrc/preload.cuh)
@@ -97,8 +98,10 @@ class BuildSpec:
             raise BuildError(f"the bulk-copy weight ring needs sm_90+, not {self.arch} (tma=False)")
         if not (self.dtypes & ALL_DTYPES) or self.dtypes & ~ALL_DTYPES:
             raise BuildError(f"dtypes mask {self.dtypes}: a non-empty subset of {ALL_DTYPES} (f32, bf16, f16 bits)")
-        if not (1 <= self.stages <= 16 and self.stage_bytes % 128 == 0 and 4096 <= self.stage_bytes <= 65536):
+        if not (1 <= self.stages <= 32 and self.stage_bytes % 128 == 0 and 4096 <= self.stage_bytes <= 65536):
             raise BuildError(f"ring geometry {self.stages} x {self.stage_bytes} B out of range")
+        if self.tma and not 1 <= self.ring_window < max(self.stages, 2):
+            raise BuildError(f"ring_window {self.ring_window}: 1 .. stages - 1 ({self.stages} stages) copies in flight")
         if not (1 <= self.attn_stages <= 4 and self.attn_stage_bytes % 16 == 0
                 and 4096 <= self.attn_stage_bytes <= 65536):
             raise BuildError(f"attention stages {self.attn_stages} x {self.attn_stage_bytes} B: 1..4 stages of "
@@ -114,6 +117,7 @@ class BuildSpec:
         return [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
                 f"-DAMK_PREFETCH_DEPTH={self.prefetch_depth}", f"-DAMK_TMA={int(self.tma)}",
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
+                f"-DAMK_RING_WINDOW={self.ring_window}",
                 f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
                 f"-DAMK_ATTN_EARLY={int(self.attn_early or self.kv_ahead)}", f"-DAMK_KV_AHEAD={int(self.kv_ahead)}",
@@ -148,7 +152,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
              dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16, kv_ahead: bool = False) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
-    environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB); extra nvcc
+    environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB; AMK_RING_WINDOW:
+    the ring's copies in flight, 2, at most one less than the stages); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
     streaming path measured faster (docs in vm/csrc/stream.cuh). ``dtypes``: the weight / KV-cache element types to
     compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
@@ -163,9 +168,11 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     tma = bool(tma) and arch_major(arch) >= 9
     stages = int(stages or os.environ.get("AMK_STAGES", 4))
     stage_bytes = int(stage_bytes or os.environ.get("AMK_STAGE_BYTES", 32768))
+    ring_window = int(os.environ.get("AMK_RING_WINDOW", min(2, max(stages - 1, 1))))
     extra = tuple(os.environ.get("AMK_NVCC_FLAGS", "").split())
     preload = bool(preload) and arch_major(arch) >= 9 and not tma   # the preload and the ring exclude each other
-    return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, extra_cuda_cflags=extra,
+    return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, ring_window,
+                     extra_cuda_cflags=extra,
                      preload=preload, dtypes=int(dtypes) or ALL_DTYPES,
                      attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
                      attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)),

@@ -11,6 +11,7 @@ from schedule.ops import gemv_x_elems
 
 ATTN_TILE, ATTN_RGMAX = 256, 32   # must match vm/csrc/common.cuh (and AMK_ATTN_GB below)
 ATTN_STAGES, ATTN_STAGE_BYTES = 2, 32768   # default attention KV stages (jit.BuildSpec.attn_stages / _bytes)
+RING_SLICE_BYTES = 4096   # AMK_RING_SLICE_BYTES: a streamed row is cut into K-slices of at most this many bytes
 STREAM_OPS = {"GEMV": 1, "GEMV_SILU_MUL": 2, "QKV_ROPE": 1}   # op -> weight matrices streamed through the ring
 
 
@@ -39,9 +40,8 @@ def stash_floats(task, threads: int, weight_bytes: int, stage_bytes: int) -> int
     row_bytes = int(task.params.get("k", 0)) * weight_bytes
     if not (stage_bytes and nmat and row_bytes and row_bytes % 16 == 0 and nmat * row_bytes <= stage_bytes):
         return 0
-    sr = stage_bytes // (nmat * row_bytes)
     nw = threads // 32
-    wpr = 1 if sr >= nw else nw // sr
+    wpr = min(max(-(-row_bytes // RING_SLICE_BYTES), 1), nw)   # K-slices per row (amk_stream_wpr)
     return _pad4(_stream_rows(task) * nmat * wpr)
 
 

@@ -286,3 +286,22 @@ def test_pack_marks_the_kv_ahead_issuers():
     pos[0].insert(0, pos[0].pop(pos[1]))   # now first in its queue: nobody issues its rows
     with pytest.raises(MegakernelError, match=f"task {bad.id} \\(ATTN_PARTIAL\\): early_kv 2 needs a weight tile"):
         pack_instructions(prog)
+
+
+def test_ring_window_build_knob(monkeypatch):
+    """The weight ring's copies in flight (AMK_RING_WINDOW, vm/csrc/stream.cuh) are a build knob: the spec passes
+    them to nvcc, reads AMK_RING_WINDOW from the environment (the A/B scripts' ``ring_window`` build key), and
+    refuses a window that is not below the stage count (a window of all stages is no window)."""
+    from vm import jit
+    for env in ("AMK_RING_WINDOW", "AMK_STAGES", "AMK_STAGE_BYTES"):
+        monkeypatch.delenv(env, raising=False)
+    base = jit.spec_for(arch="sm_90a", tma=True, stages=9, stage_bytes=16384)
+    assert base.ring_window == 2 and "-DAMK_RING_WINDOW=2" in base.cuda_cflags()
+    monkeypatch.setenv("AMK_RING_WINDOW", "3")
+    three = jit.spec_for(arch="sm_90a", tma=True, stages=9, stage_bytes=16384)
+    assert "-DAMK_RING_WINDOW=3" in three.cuda_cflags() and three.digest() != base.digest()
+    for w in (0, 9, 12):
+        with pytest.raises(jit.BuildError, match="ring_window"):
+            jit.BuildSpec(arch="sm_90a", tma=True, stages=9, stage_bytes=16384, ring_window=w)
+    assert jit.BuildSpec(arch="sm_90a", tma=True, stages=2, stage_bytes=16384, ring_window=1).ring_window == 1
+    assert jit.BuildSpec(arch="sm_90a", tma=False, stages=1, ring_window=5)   # (no ring: the window is unused)

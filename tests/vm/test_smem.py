@@ -75,3 +75,19 @@ def test_attention_layout_matches_the_kernel(tmp_path, threads, stages, stage_by
         want = (attn_floats(G, D, threads, stages, stage_bytes), attn_keys(D, 2, stage_bytes),
                 attn_keys(D, 4, stage_bytes))
         assert tuple(int(v) for v in line.split()) == want, (G, D)
+
+
+def test_stash_floats_one_partial_per_row_slice():
+    """A task streamed through the weight ring keeps one partial per (row, matrix, K-slice of at most 4 KB):
+    the mirror of amk_stash_floats / amk_stream_wpr (vm/csrc/stream.cuh), hand-checked."""
+    import types
+
+    from vm.smem import stash_floats
+    down = types.SimpleNamespace(op="GEMV", params={"k": 8192, "row_count": 16})       # 16 KB rows: 4 slices
+    assert stash_floats(down, 512, 2, 16384) == 16 * 1 * 4
+    gate_up = types.SimpleNamespace(op="GEMV_SILU_MUL", params={"k": 2048, "row_count": 62})  # 4 KB rows, 2 mats
+    assert stash_floats(gate_up, 480, 2, 16384) == 62 * 2 * 1 + 0   # (124 is already a multiple of 4)
+    odd = types.SimpleNamespace(op="GEMV", params={"k": 2504, "row_count": 3})          # 5008 B rows: 2 slices
+    assert stash_floats(odd, 512, 2, 16384) == 8                                        # 6, padded to 4
+    assert stash_floats(down, 512, 2, 8192) == 0        # a 16 KB row does not fit an 8 KB stage: not streamed
+    assert stash_floats(down, 512, 2, 0) == 0           # no ring

@@ -248,10 +248,11 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
   }
 }
 
-// Rows [0, g.rows) of a streamed task, stage by stage from the weight ring (stream.cuh). Within a stage, warp group
-// gi = warp/wpr owns rows gi, gi + NW/wpr, ...; its wpr warps split the row's K range. Each (row, matrix, sub-warp)
-// partial goes to stash[(r*NM + m)*wpr + sub]. No block barrier per stage: every warp waits on the stage's full
-// barrier itself and releases the slot to the producer warp when its part is done; after the last stage one block
+// Rows [0, g.rows) of a streamed task from the weight ring (stream.cuh). The task's work items are (row, K-slice)
+// pairs in stage order: stage s holds rows [s*sr, s*sr + n_s), each cut into wpr slices (amk_stream_wpr), item
+// j of stage s = (row s*sr + j / wpr, slice j % wpr); global item i goes to warp i % AMK_NWARPS. A warp waits for an
+// item's stage itself (no block barrier per stage) and reports the item done (the stage's last item frees its
+// slot). Each (row, matrix, slice) partial goes to stash[(r*NM + m)*wpr + slice]; after the last item one block
 // barrier, then the partials are summed in fixed order and epi(r, acc[NM]) runs once per row.
 // Returns false if the block must stop (abort flag set; the kernel loop stops the producer and exits).
 template <class T, int NM, class Epi>
@@ -259,42 +260,43 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
                                                   float* stash, Epi epi) {
   AmkRing& R = *c.ring;
   const int warp = amk_warp(), lane = amk_lane();
-  const int wpr = amk_stream_wpr(g), groups = AMK_NWARPS / wpr, gi = warp / wpr, sub = warp - gi * wpr;
-  const int nc = K / T::VE;
+  const int wpr = amk_stream_wpr(g), nc = K / T::VE;
+  const int per_stage = g.sr * wpr, nst = (g.rows + g.sr - 1) / g.sr;
+  const int n_items = g.rows * wpr;  // (only the last stage can be short; its items are the last ones)
   const uint32_t seq0 = R.consumed;  // all threads: stable since the last barrier
-  uint32_t seq = seq0;
   bool ok = true;
-  for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++seq) {
-    const int n = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
-    // Every warp waits for the stage, even one with no row in it: a stage has landed only after the producer saw
-    // its slot's previous use released by all warps, so no warp's release can count towards an earlier use.
-    if (!amk_ring_wait_warp(c, seq)) {
-      if (lane == 0) *c.flag = 1;
-      ok = false;
-      break;
-    }
-    if (gi < groups) {
-      const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
-      for (int r = gi; r < n; r += groups) {
-        const char* rows[NM];
-#pragma unroll
-        for (int m = 0; m < NM; ++m) rows[m] = st + ((size_t)m * n + r) * g.row_bytes;
-        float acc[NM];
-#pragma unroll
-        for (int m = 0; m < NM; ++m) acc[m] = 0.f;
-        amk_dot_vec<T, NM, (NM == 1 ? AMK_U1 : AMK_U2)>(rows, xs, nc, sub * 32 + lane, 32 * wpr, AmkSrcShared{}, acc);
-#pragma unroll
-        for (int m = 0; m < NM; ++m) {
-          acc[m] = amk_warp_sum(acc[m]);
-          if (lane == 0) stash[((r0 + r) * NM + m) * wpr + sub] = acc[m];
-        }
+  int waited = -1;  // the last stage this warp waited for
+  for (int i = warp; i < n_items; i += AMK_NWARPS) {
+    const int s = i / per_stage, j = i - s * per_stage;
+    const int n = (g.rows - s * g.sr) < g.sr ? (g.rows - s * g.sr) : g.sr;
+    const uint32_t seq = seq0 + (uint32_t)s;
+    if (s != waited) {
+      if (!amk_ring_wait_warp(c, seq)) {
+        if (lane == 0) *c.flag = 1;
+        ok = false;
+        break;
       }
+      waited = s;
     }
-    amk_ring_release_warp(R, seq);
+    const int rr = j / wpr, sub = j - rr * wpr;
+    const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
+    const char* rows[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) rows[m] = st + ((size_t)m * n + rr) * g.row_bytes;
+    float acc[NM];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) acc[m] = 0.f;
+    amk_dot_vec<T, NM, (NM == 1 ? AMK_U1 : AMK_U2)>(rows, xs, nc, sub * 32 + lane, 32 * wpr, AmkSrcShared{}, acc);
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      acc[m] = amk_warp_sum(acc[m]);
+      if (lane == 0) stash[((s * g.sr + rr) * NM + m) * wpr + sub] = acc[m];
+    }
+    amk_ring_item_done(R, seq, n * wpr);
   }
-  amk_sync();  // every warp is past its stages (and its stash writes are visible)
+  amk_sync();  // every warp is past its items (and its stash writes are visible)
   if (*c.flag || !ok) return false;
-  if (amk_tid() == 0) R.consumed = seq0 + (uint32_t)((g.rows + g.sr - 1) / g.sr);  // (read after the task's barrier)
+  if (amk_tid() == 0) R.consumed = seq0 + (uint32_t)nst;  // (read after the task's barrier)
   for (int r = amk_tid(); r < g.rows; r += AMK_THREADS) {
     float a[NM];
 #pragma unroll

@@ -5,8 +5,9 @@
 // a task's counters (weights are constant for the launch), so the ring fills while the block waits on a dependency
 // or runs attention -- and at most AMK_RING_WINDOW copies are in flight at once (a stage is issued only when the
 // one AMK_RING_WINDOW stages back has landed). The compute warps consume stages without block barriers: each warp
-// waits on a stage's full barrier itself, computes its rows of the stage and arrives on the stage's empty barrier
-// (AMK_NWARPS arrivals free the slot for the producer).
+// takes work items -- (row, K-slice) pairs of the task in stage order, item i to warp i % AMK_NWARPS, so the warps
+// spread over several landed stages at once -- waits on an item's stage itself, and the warp that finishes a stage's
+// last item frees its slot (one arrival on the stage's empty barrier).
 //
 // Why the window (scripts/pipe_micro.cu, docs/PERF.md forty-fourth session): a llama-3.2-1b-shaped step of six
 // dependent phases per layer ran 926 us with the register path, 930 us with a 12 x 16 KB ring and no window (every
@@ -18,12 +19,15 @@
 // nmat * row_bytes <= AMK_STAGE_BYTES; other tasks (and non-sm_90 builds) use the register streaming path.
 // Stage n lives in slot n % AMK_STAGES; its mbarrier phase parity is (n / AMK_STAGES) & 1.
 //
-// Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True) and SLOW:
-// on an H100 (llama-3.2-1b bf16 ctx 512, forty-fourth session) this ring measured 2106 us (512 compute threads +
-// the producer: 17 warps, so ptxas caps every function at 96 registers and the ops spill) and 2132-2479 us (480
-// compute threads, 4-9 stages of 16 KB, window 2-3) against 1123 us for the register path; every streamed family
-// ran at ~11 GB/s per SM, as the earlier rings did (thread 0 producing between stages, fifteenth session). Why the
-// megakernel's consumer is that much slower than pipe_micro.cu's (whole rows per warp, x in registers) is open.
+// Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True) and still
+// SLOWER than the register path: on an H100 (llama-3.2-1b bf16 ctx 512, forty-fourth session, 9 x 16 KB, window 2,
+// no L2 prefetch tasks) 1405 us with 512 compute threads + the producer (17 warps: ptxas caps every function at 96
+// registers and the ops spill) and 1555 us with 480 + the producer, against 1124 us for the register path. The
+// consumer as work items (whole rows, or 4 KB K-slices of long rows, spread over the warps) took those from 2106 /
+// 2470 us, where every warp took part in every stage (pipe_micro.cu's "split" mode shows the same +24-73%). Left:
+// QKV tiles with the RoPE-pair split (two ranges) never stream, and the producer warp costs the compute warps their
+// registers.
+
 #pragma once
 #include "common.cuh"
 #include "mbarrier.cuh"
@@ -39,7 +43,8 @@
 #define AMK_RING_WINDOW 2
 #endif
 static_assert(AMK_STAGE_BYTES % 128 == 0 && AMK_STAGES >= 1 && AMK_STAGES <= 32, "bad ring geometry");
-static_assert(AMK_RING_WINDOW >= 1, "AMK_RING_WINDOW: at least one copy in flight");
+static_assert(AMK_RING_WINDOW >= 1 && (AMK_RING_WINDOW < AMK_STAGES || AMK_STAGES == 1),
+              "AMK_RING_WINDOW: 1 .. AMK_STAGES - 1 copies in flight");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && AMK_TMA
 #define AMK_RING_DEVICE 1
 #else
@@ -68,9 +73,15 @@ __device__ __forceinline__ bool amk_stream_geom(const AmkInstr& in, AmkGeom& g) 
   return g.sr >= 1;
 }
 
-// Warps per row inside a stage of a streamed task, and the op's smem scratch for the per-warp partials.
+// K-slices per row of a streamed task (vm/smem.py mirrors it): a row is cut into slices of at most
+// AMK_RING_SLICE_BYTES per matrix, each slice one work item of one warp (ops_gemv.cuh amk_gemv_streamed), and the
+// task's smem scratch holds one partial per (row, matrix, slice).
+#ifndef AMK_RING_SLICE_BYTES
+#define AMK_RING_SLICE_BYTES 4096
+#endif
 __host__ __device__ __forceinline__ int amk_stream_wpr(const AmkGeom& g) {
-  return g.sr >= AMK_NWARPS ? 1 : AMK_NWARPS / g.sr;
+  const int s = (g.row_bytes + AMK_RING_SLICE_BYTES - 1) / AMK_RING_SLICE_BYTES;
+  return s < 1 ? 1 : (s > AMK_NWARPS ? AMK_NWARPS : s);
 }
 __host__ __device__ __forceinline__ int amk_stash_floats(const AmkGeom& g) {
   return g.rows * g.nmat * amk_stream_wpr(g);
@@ -82,6 +93,7 @@ __host__ __device__ __forceinline__ int amk_stash_floats(const AmkGeom& g) {
 struct AmkRing {
   uint32_t consumed;
   volatile int stop;
+  int done[AMK_STAGES];  // work items of the stage in each slot finished so far (the last one frees the slot)
   uint32_t base;  // shared address of slot 0
   uint32_t bar;   // shared address of full mbarrier 0 (8 bytes each; slot s at bar + 8 s)
   uint32_t ebar;  // shared address of empty mbarrier 0
@@ -91,13 +103,14 @@ struct AmkRing {
 __device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, uint64_t* ebars, void* ring_base) {
   R.consumed = 0;
   R.stop = 0;
+  for (int s = 0; s < AMK_STAGES; ++s) R.done[s] = 0;
   R.base = amk_smem_addr(ring_base);
   R.bar = amk_smem_addr(bars);
   R.ebar = amk_smem_addr(ebars);
 #if AMK_RING_DEVICE
   for (int s = 0; s < AMK_STAGES; ++s) {
     amk_mbar_init(R.bar + 8u * s);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(R.ebar + 8u * s), "r"(AMK_NWARPS) : "memory");
+    amk_mbar_init(R.ebar + 8u * s);  // one arrival: the warp that finishes the stage's last work item
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
@@ -180,14 +193,22 @@ __device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, uint32_t seq
   return true;
 }
 
-// A compute warp is done reading stage `seq` (every lane's shared loads consumed): one arrival on its empty barrier.
-__device__ __forceinline__ void amk_ring_release_warp(const AmkRing& R, uint32_t seq) {
+// A compute warp finished one of the `items` work items of stage `seq` (every lane's shared loads consumed): the
+// warp that finishes the stage's last item frees the slot for the producer (one arrival on its empty barrier).
+__device__ __forceinline__ void amk_ring_item_done(AmkRing& R, uint32_t seq, int items) {
   __syncwarp();
 #if AMK_RING_DEVICE
-  if (amk_lane() == 0)
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(R.ebar + 8u * (seq % AMK_STAGES)) : "memory");
+  if (amk_lane() == 0) {
+    const uint32_t slot = seq % AMK_STAGES;
+    __threadfence_block();  // this warp's reads of the stage before the count (and the other warps' before theirs)
+    if (atomicAdd(&R.done[slot], 1) == items - 1) {
+      R.done[slot] = 0;  // (the slot's next use starts only after the arrival below)
+      __threadfence_block();
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(R.ebar + 8u * slot) : "memory");
+    }
+  }
 #else
-  (void)R; (void)seq;
+  (void)R; (void)seq; (void)items;
 #endif
 }
 
