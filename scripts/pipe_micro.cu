@@ -74,16 +74,6 @@ __device__ __forceinline__ void wait_ctr(const unsigned* c, unsigned n) {
     if (v >= n || gtime() - t0 > 50000000ull) return;
   }
 }
-// mbarrier phase wait, bounded like wait_ctr.
-__device__ __forceinline__ void mbar_wait_b(uint32_t bar, uint32_t parity) {
-  const uint64_t t0 = gtime();
-  for (;;) {
-    uint32_t ok;
-    asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
-                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    if (ok || gtime() - t0 > 50000000ull) return;
-  }
-}
 __device__ __forceinline__ void signal_ctr(unsigned* c) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(c) : "memory");
 }
@@ -198,10 +188,10 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
         const char* tile = a.W + ph.w_off + (size_t)b * ph.tile_bytes;
         for (long long off = 0; off < ph.tile_bytes; off += B, ++n) {
           const uint32_t slot = n % S;
-          if (n >= (uint32_t)S) mbar_wait_b(saddr(empty + slot), ((n / S) - 1) & 1);
+          if (n >= (uint32_t)S) mbar_wait(saddr(empty + slot), ((n / S) - 1) & 1);
           if (n >= (uint32_t)a.win) {  // the copy `win` stages back has landed: at most win in flight
             const uint32_t m = n - a.win;
-            mbar_wait_b(saddr(full + m % S), (m / S) & 1);
+            mbar_wait(saddr(full + m % S), (m / S) & 1);
           }
           mbar_expect(saddr(full + slot), (uint32_t)B);
           bulk_g2s(saddr(dyn + (size_t)slot * B), tile + off, (uint32_t)B, saddr(full + slot), true, pol);
@@ -233,7 +223,7 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
         const int wpr = kNW / rps, groups = kNW / wpr, gi = warp / wpr, sub = warp - gi * wpr;
         for (int r0 = 0; r0 < rows; r0 += rps) {
           const uint32_t n = (seq + r0) / rps, slot = n % S;
-          mbar_wait_b(saddr(full + slot), (n / S) & 1);
+          mbar_wait(saddr(full + slot), (n / S) & 1);
           const char* st = (const char*)dyn + (size_t)slot * B;
           for (int r = gi; r < rps && gi < groups; r += groups) {
             float acc = 0.f;
@@ -261,7 +251,7 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
       }
       for (int r = warp; r < rows; r += kNW) {
         const uint32_t g = seq + r, n = g / rps, slot = n % S;
-        mbar_wait_b(saddr(full + slot), (n / S) & 1);
+        mbar_wait(saddr(full + slot), (n / S) & 1);
         const char* row = (const char*)dyn + (size_t)slot * B + (size_t)(g % rps) * kRowBytes;
         uint4 v[kCpl];
 #pragma unroll

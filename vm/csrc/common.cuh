@@ -121,7 +121,8 @@ struct AmkCtx {
   int instr_index;
   AmkRing* ring;         // weight ring state (shared memory; stream.cuh)
   unsigned char* ring_base;  // slot 0 of the ring (dynamic shared memory)
-  int q1;                // end of this block's queue (the producer's horizon)
+  int q1;                // end of this block's queue (read by no op since the ring's producer warp took the
+                         // pump; kept: the context's stack layout is part of measured builds)
   AmkPre* pre;           // preload state (shared memory; preload.cuh)
   const unsigned char* pre_buf;  // the preload buffer (dynamic shared memory)
   const AmkSlot* slots;  // shared memory: the task's buffer slots, resolved before the op starts

@@ -58,16 +58,18 @@ __device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
 #endif
 }
 
-// One thread: wait for phase `parity` of `bar`. 0 = done; 1 = abort seen, or timed out (reported as a TIMEOUT of
-// task `in` with counter field `detail`, a negative number naming the barrier).
-__device__ __noinline__ int amk_mbar_wait(const AmkParams& p, uint32_t bar, uint32_t parity, const AmkInstr& in,
-                                          int detail, int sm) {
+// One thread: wait for phase `parity` of `bar`. 0 = done; 1 = stop: *stop raised (if given; checked on every
+// poll), abort seen, or timed out (reported as a TIMEOUT of task `task` / opcode `op` with counter field `detail`, a
+// negative number naming the barrier).
+__device__ __noinline__ int amk_mbar_wait_for(const AmkParams& p, uint32_t bar, uint32_t parity, int task, int op,
+                                              int detail, int sm, const volatile int* stop) {
   if (amk_mbar_try(bar, parity)) return 0;
   uint64_t t0, tc;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   tc = t0;
   for (;;) {
     if (amk_mbar_try(bar, parity)) return 0;
+    if (stop != nullptr && *stop) return 1;
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     // The abort flag at most once per AMK_MBAR_POLL_NS: every compute warp of every block may wait here (the weight
@@ -78,10 +80,15 @@ __device__ __noinline__ int amk_mbar_wait(const AmkParams& p, uint32_t bar, uint
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(ab) : "l"(p.status + AMK_STATUS_ABORT) : "memory");
     if (ab) return 1;
     if ((int64_t)(t - t0) > p.timeout_ns) {
-      amk_report(p, AMK_ERR_TIMEOUT, in.task_id, in.op, detail, sm);
+      amk_report(p, AMK_ERR_TIMEOUT, task, op, detail, sm);
       return 1;
     }
   }
+}
+// The same for the instruction `in` running on this block, with no stop flag.
+__device__ __forceinline__ int amk_mbar_wait(const AmkParams& p, uint32_t bar, uint32_t parity, const AmkInstr& in,
+                                             int detail, int sm) {
+  return amk_mbar_wait_for(p, bar, parity, in.task_id, in.op, detail, sm, nullptr);
 }
 
 // One thread, before the block exits early: wait (bounded by the timeout, no report) until phase `parity` of `bar`

@@ -31,7 +31,6 @@
 #pragma once
 #include "common.cuh"
 #include "mbarrier.cuh"
-#include "sync.cuh"  // amk_ld_relaxed
 
 #ifndef AMK_STAGES
 #define AMK_STAGES 4
@@ -112,36 +111,14 @@ __device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, uint64
     amk_mbar_init(R.bar + 8u * s);
     amk_mbar_init(R.ebar + 8u * s);  // one arrival: the warp that finishes the stage's last work item
   }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
-}
-
-// Producer: wait for phase `parity` of `bar`. false: stop (the block left, the launch aborted, or the wait timed
-// out -- reported as a TIMEOUT of this block's first streamed task with detail -1 - AMK_STAGES - slot).
-__device__ __noinline__ bool amk_ring_pwait(const AmkParams& p, const AmkRing& R, uint32_t bar, uint32_t parity,
-                                            int task, int op, int detail, int sm) {
-  if (amk_mbar_try(bar, parity)) return true;
-  uint64_t t0, tc;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  tc = t0;
-  for (;;) {
-    if (amk_mbar_try(bar, parity)) return true;
-    if (R.stop) return false;
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - tc < AMK_MBAR_POLL_NS) continue;  // (the abort flag at most once per AMK_MBAR_POLL_NS, mbarrier.cuh)
-    tc = t;
-    if (amk_ld_relaxed(p.status + AMK_STATUS_ABORT)) return false;
-    if ((int64_t)(t - t0) > p.timeout_ns) {
-      amk_report(p, AMK_ERR_TIMEOUT, task, op, detail, sm);
-      return false;
-    }
-  }
 }
 
 // The producer (lane 0 of warp AMK_NWARPS), for the whole launch: every stage of every streamed task of queue
 // positions [q0, q1), in order. It returns when all are issued (the compute warps consume every one before the
-// block ends), or on stop, after the copies in flight have landed (bounded), so none outlives the block.
+// block ends), or on stop, after the copies in flight have landed (bounded), so none outlives the block. Its waits
+// (a slot released, the copy AMK_RING_WINDOW back landed) end on R.stop too; a timeout is reported as one of the
+// task being issued, with detail -1 - AMK_STAGES - slot for a slot never released.
 __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, int q0, int q1, int sm) {
 #if AMK_RING_DEVICE
   const uint64_t pol = amk_policy_evict_first();
@@ -155,13 +132,13 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
       const uint32_t slot = n % AMK_STAGES;
       const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
       if (n >= (uint32_t)AMK_STAGES &&
-          !amk_ring_pwait(p, R, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
-                          -1 - AMK_STAGES - (int)slot, sm))
+          amk_mbar_wait_for(p, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
+                            -1 - AMK_STAGES - (int)slot, sm, &R.stop))
         goto drain;
       if (n >= (uint32_t)AMK_RING_WINDOW) {  // the copy AMK_RING_WINDOW stages back has landed
         const uint32_t m = n - AMK_RING_WINDOW;
-        if (!amk_ring_pwait(p, R, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
-                            -1 - (int)(m % AMK_STAGES), sm))
+        if (amk_mbar_wait_for(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
+                              -1 - (int)(m % AMK_STAGES), sm, &R.stop))
           goto drain;
       }
       const int nr = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
