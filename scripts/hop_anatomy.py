@@ -78,11 +78,35 @@ def segments(d, fam) -> list[str]:
     t1, t2 = d["t1"] / 1e3, d["t2"] / 1e3
     out = ["family      entry stage  main close signal (median us; tasks with all four marks)"]
     for f in ORDER + ["lm_head"]:
-        m = (fam == f) & (d["marks"] > 0).all(axis=2).any(axis=0)
+        m = (fam == f) & (d["marks"][..., :4] > 0).all(axis=2).any(axis=0)
         if m.any():
             seg = [mk[:, m, 0] - t1[:, m], mk[:, m, 1] - mk[:, m, 0], mk[:, m, 2] - mk[:, m, 1],
                    mk[:, m, 3] - mk[:, m, 2], t2[:, m] - mk[:, m, 3]]
             out.append(f"{f:11s} " + " ".join(f"{np.median(x):5.2f}" for x in seg))
+    if d["marks"].shape[2] >= 6 and (d["marks"][..., 4] > 0).any():   # a ring build: the producer's marks
+        out.append("family      ring producer: first stage issued / last stage issued, us relative to the task's "
+                   "waits met (median; negative = before)")
+        for f in ORDER + ["lm_head"]:
+            m = (fam == f) & (d["marks"][..., 4] > 0).any(axis=0)
+            if m.any():
+                last = np.where(d["marks"][:, m, 5] > 0, mk[:, m, 5], mk[:, m, 4])
+                out.append(f"{f:11s} {np.median(mk[:, m, 4] - t1[:, m]):8.2f} {np.median(last - t1[:, m]):8.2f}")
+    if d["marks"].shape[2] >= 70:   # -DAMK_DBG_RING_STAMPS=1: per compute warp, first stage wait over / items done
+        out.append("family      ring warps, us after the input staged (median over tasks): first stage wait over "
+                   "min / med / max over warps | items done min / med / max | closing (main loop done - last "
+                   "warp's items)")
+        for f in ORDER + ["lm_head"]:
+            m = (fam == f) & (d["marks"][..., 6] > 0).any(axis=0)
+            if m.any():
+                staged = mk[:, m, 1][..., None]
+                first, done = mk[:, m, 38:70] - staged, mk[:, m, 6:38] - staged
+                first = np.where(d["marks"][:, m, 38:70] > 0, first, np.nan)   # (warps of the build: the rest unset)
+                done = np.where(d["marks"][:, m, 6:38] > 0, done, np.nan)
+                a = [np.nanmedian(g(x, axis=2)) for x in (first, done) for g in (np.nanmin, np.nanmedian, np.nanmax)]
+                close = np.median(mk[:, m, 2] - np.nanmax(mk[:, m, 6:38] * np.where(d["marks"][:, m, 6:38] > 0, 1,
+                                                                                     np.nan), axis=2))
+                out.append(f"{f:11s} " + " ".join(f"{x:5.2f}" for x in a[:3]) + " | " +
+                           " ".join(f"{x:5.2f}" for x in a[3:]) + f" | {close:5.2f}")
     return out
 
 

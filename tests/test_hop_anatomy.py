@@ -146,3 +146,58 @@ def test_families_keep_step_zero_of_a_multi_step_trace():
     fam, lay = hop_anatomy.families(["L3.q[0:1]", "s1.L3.q[0:1]", "lm_head[0:8]", "s2.argmax"])
     assert fam.tolist() == ["q", "?", "lm_head", "?"] and lay.tolist() == [3, -1, -1, -1]
     assert hop_anatomy.family("s1.L3.gate_up[0:64]") == ("gate_up", 3)
+
+
+def test_segments_and_ring_producer_marks(tmp_path):
+    """A marks trace of a ring build (six marks per task): the four op segments count tasks by their first four
+    marks only, and the producer's first / last stage issued are reported against each task's waits met, a
+    one-stage task (no mark 5) counting its first stage as its last."""
+    d = _trace()
+    n = len(LABELS)
+    marks = np.full((2, n, 6), -1, np.int64)
+    for s in range(2):
+        for i in (0, 6, 7):   # the q task and the two o_proj tasks ran with op marks 100 ns apart
+            marks[s, i, :4] = [d["t1"][s, i] + 100 * (k + 1) for k in range(4)]
+        for i in (6, 7):      # o_proj streamed: first stage 3 us before its waits met; task 6's last 1 us before
+            marks[s, i, 4] = d["t1"][s, i] - 3000
+        marks[s, 6, 5] = d["t1"][s, 6] - 1000
+    np.savez(tmp_path / "t.npz", marks=marks, **d)
+    z = np.load(tmp_path / "t.npz")
+    fam, _ = hop_anatomy.families(z["label"])
+    lines = hop_anatomy.segments(z, fam)
+    q = next(ln for ln in lines if ln.startswith("q "))
+    assert q.split()[1:5] == ["0.10", "0.10", "0.10", "0.10"]   # entry, stage, main loop, closing barrier
+    i = next(k for k, ln in enumerate(lines) if "ring producer" in ln)
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[i + 1:]}
+    # first stage: -3.00 in every o_proj task; last: task 6 -1.00, task 7 (one stage) -3.00 -> median -2.00
+    assert rows == {"o_proj": ["-3.00", "-2.00"]}
+
+
+def test_segments_without_producer_marks_has_no_ring_block(tmp_path):
+    d = _trace()
+    marks = np.full((2, len(LABELS), 4), -1, np.int64)
+    marks[:, 0, :] = 5000
+    np.savez(tmp_path / "t.npz", marks=marks, **d)
+    z = np.load(tmp_path / "t.npz")
+    fam, _ = hop_anatomy.families(z["label"])
+    assert not any("ring producer" in ln for ln in hop_anatomy.segments(z, fam))
+
+
+def test_ring_warp_stamps(tmp_path):
+    """-DAMK_DBG_RING_STAMPS=1 traces (70 marks): per streamed task, each compute warp's first stage wait over
+    (marks 38 + w) and items done (6 + w) after the input staged (mark 1); warps of a smaller build stay unset."""
+    d = _trace()
+    marks = np.full((2, len(LABELS), 70), -1, np.int64)
+    for s in range(2):
+        for i in (6, 7):
+            t = int(d["t1"][s, i])
+            marks[s, i, :4] = [t + 100, t + 1100, t + 9000, t + 9500]     # input staged at t + 1.1 us
+            marks[s, i, 38:41] = [t + 2100, t + 2600, t + 3100]          # three warps: waits over 1.0 / 1.5 / 2.0
+            marks[s, i, 6:9] = [t + 5100, t + 7100, t + 8100]            # items done 4.0 / 6.0 / 7.0
+    np.savez(tmp_path / "t.npz", marks=marks, **d)
+    z = np.load(tmp_path / "t.npz")
+    fam, _ = hop_anatomy.families(z["label"])
+    lines = hop_anatomy.segments(z, fam)
+    i = next(k for k, ln in enumerate(lines) if "ring warps" in ln)
+    # closing: main loop done (t + 9.0) - last warp's items (t + 8.1) = 0.90
+    assert lines[i + 1].split() == ["o_proj", "1.00", "1.50", "2.00", "|", "4.00", "6.00", "7.00", "|", "0.90"]

@@ -127,6 +127,24 @@ def test_ring_streams_on_sm90():
     assert torch.equal(a, vm.step(3, 2))   # bit-identical reruns through the ring
 
 
+@needs_sm90
+def test_ring_with_fewer_stages_than_warps_in_flight(monkeypatch):
+    """A ring of 3 x 8 KB stages: a gate/up stage of "wide" holds two row pairs, so the 16 warps' work items spread
+    over 8 stages, more than the ring holds. A warp that asks for stage n + 3 while slot n % 3 still waits for stage n
+    must wait for it (the producer's issued count), not take the slot's previous phase for its own: same logits as
+    the ReferenceVM at bf16 tolerance, bit-identical reruns, no timeout."""
+    monkeypatch.setenv("AMK_STAGES", "3")
+    monkeypatch.setenv("AMK_STAGE_BYTES", "8192")
+    monkeypatch.setenv("AMK_RING_WINDOW", "2")
+    g, prog, vm = make("wide", "bf16", "default", max_seq=16, **_path("ring"))
+    assert vm.ring_bytes == 3 * 8192 and vm.n_streamed > 0
+    ref = ReferenceVM(prog, g.weights, seed=4)
+    compare(vm, ref, [(5, 0), (17, 1), (3, 15)], 2e-2)
+    a = vm.step(3, 2).clone()
+    for _ in range(3):
+        assert torch.equal(a, vm.step(3, 2))
+
+
 _GEMV_FAMILY = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
 
 

@@ -33,12 +33,14 @@ def spills(stderr: str) -> dict[str, int]:
 # switches scripts/ab_builds.py `diag:` variants use keep compiling; the ring build has the 4-split merge body only
 # (the loader's choice for 4 splits) and the A/B switches' other sides (the tensor-core body called from
 # amk_attn_core; the one-pass tile loop compiled but off; a code-layout pad, scripts/ab_builds.py --pads; the
-# attention output written by the op after the body); the preload build also has the task loop's old wait
+# attention output written by the op after the body; the trace marks with the producer's and the per-warp ring
+# stamps, AMK_DBG_RING_STAMPS); the preload build also has the task loop's old wait
 # (AMK_JOIN_OPS=0), the default build's task loop keeps its spill stores small; so does the kv_ahead build's
 # (early_kv 2: the attention stages at the top of shared memory, filled by the task before).
 @pytest.mark.parametrize("threads,depth,path", [(480, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
                                                           "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4",
-                                                          "-DAMK_ATTN_DIRECT=0")),
+                                                          "-DAMK_ATTN_DIRECT=0", "-DAMK_MARKS=1",
+                                                          "-DAMK_DBG_RING_STAMPS=1")),
                                                 (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384",
                                                           "-DAMK_DBG_TWICE_OPS=440", "-DAMK_DBG_TWICE_NOKV=1",
                                                           "-DAMK_MARKS=1", "-DAMK_DBG_ATTN_STAGE_MARKS=1",

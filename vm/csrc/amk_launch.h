@@ -52,8 +52,14 @@ typedef struct AmkParams {
 
 // Trace record words per instruction (see AmkParams.trace): wait begin, ready, end, SM, then AMK_TRACE_MARKS
 // optional marks inside the task (0 = not reached; only in builds with -DAMK_MARKS=1): op entry (after the wait barrier), input staged (x / q in
-// shared memory), main loop done (thread 0's share), closing barrier passed (before the counter signal).
-#define AMK_TRACE_MARKS 4
+// shared memory), main loop done (thread 0's share), closing barrier passed (before the counter signal); then, set by
+// the weight ring's producer in ring builds (stream.cuh), the task's first stage issued and its last stage issued.
+// AMK_DBG_RING_STAMPS 1 (diagnostic, with AMK_MARKS and the ring): 64 more marks, per compute warp w of a streamed
+// task: 6 + w its work items done, 38 + w its first stage wait over (ops_gemv.cuh amk_gemv_streamed).
+#ifndef AMK_DBG_RING_STAMPS
+#define AMK_DBG_RING_STAMPS 0
+#endif
+#define AMK_TRACE_MARKS (6 + (AMK_DBG_RING_STAMPS ? 64 : 0))
 #define AMK_TRACE_WORDS (4 + AMK_TRACE_MARKS)
 
 #ifdef __cplusplus
@@ -65,7 +71,8 @@ int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream);  // 
 int amk_occupancy(int smem_bytes, int* blocks_per_sm);             // co-resident blocks per SM
 int amk_layout(const char** structs, const char** fields, long long* values, int max_entries);  // -> count
 int amk_build_info(int* out, int n);  // threads, prefetch depth, ABI version, CUDART, sizeof params, ring
-                                      // stages, stage bytes, tma, preload, dtypes, attention stages, bytes, KV region
+                                      // stages, stage bytes, tma, preload, dtypes, attention stages, bytes, KV region,
+                                      // trace words
 const char* amk_error_string(int err);
 #ifdef __cplusplus
 }

@@ -123,8 +123,8 @@ pybind11::dict layout() {
 }
 
 pybind11::dict build_info() {
-  int v[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-  amk_build_info(v, 13);
+  int v[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  amk_build_info(v, 14);
   pybind11::dict d;
   d["threads"] = v[0];
   d["prefetch_depth"] = v[1];
@@ -140,7 +140,7 @@ pybind11::dict build_info() {
   d["attn_stages"] = v[10];
   d["attn_stage_bytes"] = v[11];
   d["kv_region"] = v[12];
-  d["trace_words"] = AMK_TRACE_WORDS;
+  d["trace_words"] = v[13];  // (the kernel's: its build flags may add diagnostic marks)
   d["status_len"] = AMK_STATUS_LEN;
   d["status_abort_index"] = AMK_STATUS_ABORT;
   d["status_exits_index"] = AMK_STATUS_EXITS;

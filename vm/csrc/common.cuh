@@ -176,6 +176,15 @@ __device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) {
   }
 }
 
+// Mark k of the running task by lane 0 of the calling warp (diagnostic marks written by every warp).
+__device__ __forceinline__ void amk_mark_lane0(const AmkCtx& c, int k) {
+  if (AMK_MARKS && c.p->trace != nullptr && (threadIdx.x & 31) == 0) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 4 + k] = t;
+  }
+}
+
 __device__ __forceinline__ void amk_fail(const AmkCtx& c, int code, int detail) {
   amk_report(*c.p, code, c.ins->task_id, c.ins->op, detail, c.sm);
   *c.flag = 1;

@@ -61,14 +61,20 @@ __device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
 // One thread: wait for phase `parity` of `bar`. 0 = done; 1 = stop: *stop raised (if given; checked on every
 // poll), abort seen, or timed out (reported as a TIMEOUT of task `task` / opcode `op` with counter field `detail`, a
 // negative number naming the barrier).
+// gate (if given): the phase is looked at only once *gate - gate_after > 0 (wrapping uint32 counts). A parity names
+// one of two phases, so a waiter that may run two or more phases ahead of the barrier (the ring's consumers: a warp
+// may wait for stage n + AMK_STAGES before stage n has landed) must first know that its phase is the current one --
+// the ring's count of issued stages says so.
 __device__ __noinline__ int amk_mbar_wait_for(const AmkParams& p, uint32_t bar, uint32_t parity, int task, int op,
-                                              int detail, int sm, const volatile int* stop) {
-  if (amk_mbar_try(bar, parity)) return 0;
+                                              int detail, int sm, const volatile int* stop,
+                                              const volatile uint32_t* gate = nullptr, uint32_t gate_after = 0) {
+  const auto ready = [&] { return (gate == nullptr || (int32_t)(*gate - gate_after) > 0) && amk_mbar_try(bar, parity); };
+  if (ready()) return 0;
   uint64_t t0, tc;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   tc = t0;
   for (;;) {
-    if (amk_mbar_try(bar, parity)) return 0;
+    if (ready()) return 0;
     if (stop != nullptr && *stop) return 1;
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

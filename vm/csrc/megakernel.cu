@@ -392,11 +392,11 @@ extern "C" int amk_layout(const char** structs, const char** fields, long long* 
 extern "C" int amk_build_info(int* out, int n) {
   int rt = 0;
   cudaRuntimeGetVersion(&rt);
-  const int v[13] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
+  const int v[14] = {AMK_THREADS, AMK_PREFETCH_DEPTH, AMK_ABI_VERSION, rt, (int)sizeof(AmkParams),
                      AMK_STAGES, AMK_STAGE_BYTES, AMK_TMA, AMK_PRELOAD, AMK_DTYPES,
-                     AMK_ATTN_STAGES, AMK_ATTN_STAGE_BYTES, AMK_KV_REGION};
-  for (int i = 0; i < n && i < 13; ++i) out[i] = v[i];
-  return 13;
+                     AMK_ATTN_STAGES, AMK_ATTN_STAGE_BYTES, AMK_KV_REGION, AMK_TRACE_WORDS};
+  for (int i = 0; i < n && i < 14; ++i) out[i] = v[i];
+  return 14;
 }
 
 extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

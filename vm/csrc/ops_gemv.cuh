@@ -264,6 +264,7 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
   const int per_stage = g.sr * wpr, nst = (g.rows + g.sr - 1) / g.sr;
   const int n_items = g.rows * wpr;  // (only the last stage can be short; its items are the last ones)
   const uint32_t seq0 = R.consumed;  // all threads: stable since the last barrier
+  const char* const ring = (const char*)c.ring_base;  // (held in a register across the items' waits)
   bool ok = true;
   int waited = -1;  // the last stage this warp waited for
   for (int i = warp; i < n_items; i += AMK_NWARPS) {
@@ -276,10 +277,11 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
         ok = false;
         break;
       }
+      if (AMK_DBG_RING_STAMPS && waited < 0) amk_mark_lane0(c, 38 + warp);
       waited = s;
     }
     const int rr = j / wpr, sub = j - rr * wpr;
-    const char* st = (const char*)c.ring_base + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
+    const char* st = ring + (size_t)(seq % AMK_STAGES) * AMK_STAGE_BYTES;
     const char* rows[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) rows[m] = st + ((size_t)m * n + rr) * g.row_bytes;
@@ -294,6 +296,7 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
     }
     amk_ring_item_done(R, seq, n * wpr);
   }
+  if (AMK_DBG_RING_STAMPS) amk_mark_lane0(c, 6 + warp);
   amk_sync();  // every warp is past its items (and its stash writes are visible)
   if (*c.flag || !ok) return false;
   if (amk_tid() == 0) R.consumed = seq0 + (uint32_t)nst;  // (read after the task's barrier)

@@ -31,6 +31,7 @@
 #pragma once
 #include "common.cuh"
 #include "mbarrier.cuh"
+#include "sync.cuh"
 
 #ifndef AMK_STAGES
 #define AMK_STAGES 4
@@ -91,6 +92,7 @@ __host__ __device__ __forceinline__ int amk_stash_floats(const AmkGeom& g) {
 // compute warps when the block leaves the launch early (abort / timeout), so the producer stops issuing.
 struct AmkRing {
   uint32_t consumed;
+  volatile uint32_t issued;  // stages the producer has armed and issued (a consumer waits for stage n only after n)
   volatile int stop;
   int done[AMK_STAGES];  // work items of the stage in each slot finished so far (the last one frees the slot)
   uint32_t base;  // shared address of slot 0
@@ -101,6 +103,7 @@ struct AmkRing {
 // Thread 0, once per launch, before the block's first barrier: barriers + state.
 __device__ __forceinline__ void amk_ring_init(AmkRing& R, uint64_t* bars, uint64_t* ebars, void* ring_base) {
   R.consumed = 0;
+  R.issued = 0;
   R.stop = 0;
   for (int s = 0; s < AMK_STAGES; ++s) R.done[s] = 0;
   R.base = amk_smem_addr(ring_base);
@@ -128,6 +131,8 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
     AmkGeom g;
     if (!amk_stream_geom(in, g)) continue;
     const uint64_t src0 = in.prefetch_ptr[0], src1 = in.prefetch_ptr[1];
+    uint64_t* const mk = (AMK_MARKS && p.trace) ? p.trace + (size_t)__ldg(p.queue_items + q) * AMK_TRACE_WORDS + 4
+                                                : nullptr;  // marks 4 / 5: this task's first / last stage issued
     for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++n) {
       const uint32_t slot = n % AMK_STAGES;
       const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
@@ -146,6 +151,9 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
       amk_mbar_expect(bar, bytes * g.nmat);
       amk_bulk_g2s(dst, src0 + (uint64_t)r0 * (uint64_t)g.row_bytes, bytes, bar, pol);
       if (g.nmat > 1) amk_bulk_g2s(dst + bytes, src1 + (uint64_t)r0 * (uint64_t)g.row_bytes, bytes, bar, pol);
+      __threadfence_block();  // the stage's barrier is armed before the count says so
+      R.issued = n + 1u;
+      if (mk != nullptr && (r0 == 0 || r0 + g.sr >= g.rows)) mk[r0 == 0 ? 4 : 5] = amk_globaltimer();
     }
   }
   return;
@@ -157,13 +165,22 @@ drain:
 #endif
 }
 
-// A compute warp: wait until stage `seq` has landed (lane 0 waits bounded, then every lane acquires it).
-// false: abort seen or timed out (reported); the caller stops using the ring.
+// A compute warp: wait until stage `seq` has been issued and has landed (lane 0 waits bounded, then every lane
+// acquires it). The work items spread the warps over up to AMK_NWARPS stages, more than the ring holds when rows are
+// long (gate/up: two items per stage), so a warp can ask for stage n + AMK_STAGES while slot n % AMK_STAGES still
+// waits for stage n: the parity alone would take the slot's previous phase for this one; the issued count rules
+// that out. false: abort seen or timed out (reported); the caller stops using the ring.
 __device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, uint32_t seq) {
   const AmkRing& R = *c.ring;
   const uint32_t bar = R.bar + 8u * (seq % AMK_STAGES), parity = (seq / AMK_STAGES) & 1u;
+  // Fast path, no call: the stage is issued and has landed (the producer runs ahead, so mostly it has). A
+  // noinline call here would make every work item save and reload registers through the stack (ncu, forty-fifth
+  // session: ring builds ran 4-5x the register path's local loads).
+  if (__all_sync(0xffffffffu, (int32_t)(R.issued - seq) > 0 && amk_mbar_try(bar, parity))) return true;
   int bad = 0;
-  if (amk_lane() == 0) bad = amk_mbar_wait(*c.p, bar, parity, *c.ins, -1 - (int)(seq % AMK_STAGES), c.sm);
+  if (amk_lane() == 0)
+    bad = amk_mbar_wait_for(*c.p, bar, parity, c.ins->task_id, c.ins->op, -1 - (int)(seq % AMK_STAGES), c.sm,
+                            nullptr, &R.issued, seq);
   bad = __shfl_sync(0xffffffffu, bad, 0);
   if (bad) return false;
   while (!amk_mbar_try(bar, parity)) {}
