@@ -302,7 +302,7 @@ class MegakernelVM:
                     f"rows, waited for slot {-1 - detail - stages} to be released by the compute warps")
         if code == abi.STATUS_TIMEOUT and detail < 0:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for weight-ring slot "
-                    f"{-1 - detail} (bulk copy never completed)")
+                    f"{-1 - detail} (its stage never issued by the producer, or its bulk copy never completed)")
         if code == abi.STATUS_TIMEOUT:
             idx = next((i for i, x in enumerate(self.program.tasks) if x.id == task), None)
             thr = "?"

@@ -22,6 +22,7 @@ def test_ring_timeouts_name_slot_and_side():
     gemv = abi.OPCODES["GEMV"].code
     consumer = vm._describe(abi.STATUS_TIMEOUT, 7, gemv, -1 - 4, 3)
     assert "waited for weight-ring slot 4" in consumer and "task 7 (GEMV, L0.o_proj[0:16]) on SM 3" in consumer
+    assert "never issued by the producer" in consumer   # (a consumer first waits for its stage to be issued)
     producer = vm._describe(abi.STATUS_TIMEOUT, 7, gemv, -1 - 9 - 2, 3)
     assert "producer" in producer and "slot 2 to be released" in producer
     # a build without the ring never reads a producer detail as one

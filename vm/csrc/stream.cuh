@@ -19,14 +19,16 @@
 // nmat * row_bytes <= AMK_STAGE_BYTES; other tasks (and non-sm_90 builds) use the register streaming path.
 // Stage n lives in slot n % AMK_STAGES; its mbarrier phase parity is (n / AMK_STAGES) & 1.
 //
-// Status: correct (the GPU tests run every model through both paths) but OPT-IN (AMK_TMA=1 / tma=True) and still
-// SLOWER than the register path: on an H100 (llama-3.2-1b bf16 ctx 512, forty-fourth session, 9 x 16 KB, window 2,
-// no L2 prefetch tasks) 1405 us with 512 compute threads + the producer (17 warps: ptxas caps every function at 96
-// registers and the ops spill) and 1555 us with 480 + the producer, against 1124 us for the register path. The
-// consumer as work items (whole rows, or 4 KB K-slices of long rows, spread over the warps) took those from 2106 /
-// 2470 us, where every warp took part in every stage (pipe_micro.cu's "split" mode shows the same +24-73%). Left:
-// QKV tiles with the RoPE-pair split (two ranges) never stream, and the producer warp costs the compute warps their
-// registers.
+// Status: correct (the GPU tests run every model through both paths, and a 3-stage ring whose work items run
+// further ahead than the ring is long) but OPT-IN (AMK_TMA=1 / tma=True) and still SLOWER than the register path.
+// llama-3.2-1b bf16 ctx 512, 16 KB stages, no L2 prefetch tasks: on an H100 1405-1418 us with 512 compute threads +
+// the producer against 1124 us (forty-fourth / forty-fifth sessions); on an H200 1260 us against 952-964 after the
+// wait's fast path (forty-fifth). What the traces and ncu say is left (docs/PERF.md, forty-fifth session): the
+// producer is far ahead (a task's stages land tens of us before its wait ends), but a streamed task's warps first
+// reach their landed stage ~1.8 us after the input is staged and the closing barrier + epilogue take ~1 us; ring
+// builds run 4-5x the register path's local-memory loads (not the 17th warp's 96-register cap alone: 15 compute
+// warps + the producer, 128 registers, ran 0.8x as many) with 10-48% L1 misses; and the bulk copies' steady rate with 2-4 in flight is below the register path's
+// (gate/up 25.7 vs 18.0 us on the H200). QKV tiles with the RoPE-pair split (two ranges) never stream.
 
 #pragma once
 #include "common.cuh"
