@@ -130,7 +130,9 @@ def main():
             row.update(correct=chk["correct"], max_rel_err=chk["max_rel_err"], top1_agreement=chk["top1_agreement"],
                        checked_steps=chk["steps"], top1_miss=describe_misses(chk), build_s=round(time.time() - t0, 1),
                        floor_us=round(roofline(prog, ctx=a.ctx)["floor_us"], 1), rounds=[],
-                       ring_bytes=vm.ring_bytes, n_streamed=vm.n_streamed, smem_bytes=vm.smem_bytes)
+                       ring_bytes=vm.ring_bytes, ring_stages=vm.ring_stages,
+                       ring_stages_requested=vm.ring_stages_requested, n_streamed=vm.n_streamed,
+                       smem_bytes=vm.smem_bytes)
             if chk["correct"] or name.startswith("diag:"):
                 vms[name] = vm
         except Exception as e:  # report and go on with the next variant

@@ -81,7 +81,7 @@ def main():
         kind = "bound_us" if diag else "latency_us"
         print(json.dumps({"variant": name, kind: round(lat, 1), kind + "_after": round(lat2, 1),
                           "traced_spans_us": [round(float(t["t2"].max() - t["t0"].min()) / 1e3, 1) for t in trs],
-                          "max_rel_err": chk["max_rel_err"]}), flush=True)
+                          "max_rel_err": chk["max_rel_err"], "ring_stages": vm.ring_stages}), flush=True)
 
 
 if __name__ == "__main__":

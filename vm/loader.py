@@ -26,6 +26,7 @@ a GPU).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from vm import abi
 from vm.pack import (  # noqa: F401 (AbiMismatchError: re-exported with the errors the VM raises)
     DTYPE_DETAILS, IO_ADVANCE, IO_POS, IO_TOKEN, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN, AbiMismatchError,
     MegakernelError, check_layout, device_dtype, launch_knobs, pack_buffers, pack_instructions, pack_queues,
-    prefetch_cap_bytes, preload_buffer_bytes, select_build, static_checks)
+    prefetch_cap_bytes, preload_buffer_bytes, ring_shrink_note, select_build, static_checks)
 from vm.smem import _pad4, kv_region_bytes
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -76,6 +77,12 @@ class MegakernelVM:
         with torch.cuda.device(self.device):
             self.ext = jit.build(b.spec)
         self.spec, op_smem, optin, want, attn = b.spec, b.op_smem, b.optin, b.preload_want, b.attn
+        # the ring as built: select_build shrinks one that does not fit next to the op area, and says so
+        self.ring_stages = b.spec.stages if b.spec.tma else 0
+        self.ring_stages_requested = b.ring_requested
+        if b.ring_requested and self.ring_stages < b.ring_requested:
+            warnings.warn(ring_shrink_note(b.ring_requested, self.ring_stages, b.spec.stage_bytes, op_smem, optin),
+                          stacklevel=2)
         knobs = launch_knobs(program.config)
         self.build_stats = dict(jit.LAST_BUILD)
         check_layout(self.ext.layout(), abi.layout_table())

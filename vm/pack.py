@@ -232,6 +232,20 @@ class BuildChoice:
     optin: int            # the device's opt-in shared memory per block
     preload_want: int     # preload bytes the knobs ask for
     attn: tuple[int, int]  # attention (stages, stage bytes) of the build
+    ring_requested: int = 0  # weight-ring stages the knobs asked for (0: no ring asked); spec.stages may be fewer
+
+
+def fit_ring_stages(optin: int, op_smem: int, stage_bytes: int, stages: int) -> int:
+    """Weight-ring stages of ``stage_bytes`` that fit next to an op area of ``op_smem`` bytes in a block's opt-in
+    shared memory (the kernel's static use reserved), at most ``stages``; below 2 the build has no ring."""
+    return max(0, min(int(stages), (int(optin) - STATIC_SMEM_RESERVE - int(op_smem)) // int(stage_bytes)))
+
+
+def ring_shrink_note(requested: int, fitted: int, stage_bytes: int, op_smem: int, optin: int) -> str:
+    """What select_build did to a weight ring that did not fit (for the loader's warning and the A/B rows)."""
+    what = f"{fitted} fit" if fitted >= 2 else "fewer than 2 fit, so the build has no ring (register streaming)"
+    return (f"weight ring: {requested} stages of {stage_bytes} B asked, {what} next to the largest op area "
+            f"({op_smem} B) in {optin} B of shared memory per block")
 
 
 def merge_unroll_for(program: MegakernelProgram) -> int:
@@ -292,10 +306,15 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         n, t = max(need, key=lambda x: x[0])
         raise MegakernelError(f"task {t.id} ({t.op}) needs {n} B of dynamic shared memory; the device allows "
                               f"{optin - STATIC_SMEM_RESERVE} B per block (opt-in {optin} B minus static use)")
+    requested = spec.stages if spec.tma else 0
     if spec.tma:
-        fit = (optin - STATIC_SMEM_RESERVE - op_smem) // spec.stage_bytes
+        fit = fit_ring_stages(optin, op_smem, spec.stage_bytes, spec.stages)
         if fit < spec.stages:
-            spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, min(fit, spec.stages)), **code)
+            try:
+                spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, fit), **code)
+            except jit.BuildError as e:   # e.g. a ring_window the fewer stages cannot take
+                raise MegakernelError(ring_shrink_note(requested, fit, spec.stage_bytes, op_smem, optin) +
+                                      f": {e}") from e
             if not spec.tma:   # no ring after all: op area without stash terms
                 op_smem = max([16 + region] + [area(t, 0) for t in program.tasks])
-    return BuildChoice(spec, op_smem, optin, want, attn)
+    return BuildChoice(spec, op_smem, optin, want, attn, requested)

@@ -305,3 +305,59 @@ def test_ring_window_build_knob(monkeypatch):
             jit.BuildSpec(arch="sm_90a", tma=True, stages=9, stage_bytes=16384, ring_window=w)
     assert jit.BuildSpec(arch="sm_90a", tma=True, stages=2, stage_bytes=16384, ring_window=1).ring_window == 1
     assert jit.BuildSpec(arch="sm_90a", tma=False, stages=1, ring_window=5)   # (no ring: the window is unused)
+
+
+def test_ring_fit_and_the_shrink_note():
+    """select_build's ring fitting, by hand: an H100's 232448 B opt-in, 2048 B reserved for static shared memory;
+    next to an op area of 86016 B, 144384 B are left: 8 stages of 16 KB (the "9 stages" of the forty-fourth
+    session's A/Bs), 4 of 32 KB; no stage of a full opt-in; never more than asked. The note names asked and fitted
+    stages and says when no ring is left."""
+    from vm.pack import STATIC_SMEM_RESERVE, fit_ring_stages, ring_shrink_note
+    assert STATIC_SMEM_RESERVE == 2048
+    assert fit_ring_stages(232448, 86016, 16384, 9) == 8
+    assert fit_ring_stages(232448, 86016, 32768, 9) == 4
+    assert fit_ring_stages(232448, 86016, 16384, 6) == 6
+    assert fit_ring_stages(232448, 232448, 16384, 4) == 0
+    note = ring_shrink_note(9, 8, 16384, 86016, 232448)
+    assert note.startswith("weight ring: 9 stages of 16384 B asked, 8 fit next to the largest op area (86016 B)")
+    assert "no ring" not in note
+    assert "fewer than 2 fit, so the build has no ring" in ring_shrink_note(4, 1, 65536, 200000, 232448)
+
+
+def _fake_h100(monkeypatch):
+    """select_build on a CPU machine: an sm_90a device with an H100's opt-in shared memory (no GPU touched)."""
+    import contextlib
+    import types
+
+    import torch
+
+    from vm import jit
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: types.SimpleNamespace(shared_memory_per_block_optin=232448))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(jit, "device_arch", lambda index=0: "sm_90a")
+
+
+def test_select_build_shrinks_the_ring_and_says_what_was_asked(monkeypatch):
+    """9 x 32 KB do not fit next to the toy's op area in 232448 B: the build takes the stages that fit (the same
+    count fit_ring_stages gives for its op area) and keeps what was asked; a ring_window the fewer stages cannot take
+    is refused with both counts named, not as a bare window error."""
+    import torch
+
+    from vm.pack import fit_ring_stages, select_build
+    _fake_h100(monkeypatch)
+    for env in ("AMK_RING_WINDOW", "AMK_STAGE_BYTES", "AMK_NVCC_FLAGS"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("AMK_STAGES", "9")
+    monkeypatch.setenv("AMK_STAGE_BYTES", "32768")
+    prog = lower(load_model("toy", dtype="bf16"), get_target("h100"), {"num_sms": 4}, max_seq=16)
+    b = select_build(prog, torch.device("cuda", 0), 512, 2, tma=True)
+    fit = fit_ring_stages(232448, b.op_smem, 32768, 9)
+    assert 2 <= fit < 9 and b.spec.tma and b.spec.stages == fit and b.ring_requested == 9
+    monkeypatch.setenv("AMK_RING_WINDOW", "8")
+    with pytest.raises(MegakernelError, match=f"weight ring: 9 stages of 32768 B asked, {fit} fit .*ring_window 8"):
+        select_build(prog, torch.device("cuda", 0), 512, 2, tma=True)
+    monkeypatch.setenv("AMK_STAGES", "2")   # a ring that fits is taken as asked
+    monkeypatch.delenv("AMK_RING_WINDOW")
+    b2 = select_build(prog, torch.device("cuda", 0), 512, 2, tma=True)
+    assert b2.spec.stages == 2 and b2.ring_requested == 2
