@@ -223,6 +223,19 @@ KNOBS: tuple[Knob, ...] = (
              "only with mlp_prefetch_kb > 0"),
     Knob("prefetch_depth", int, 0, range=(0, 4), affects="build",
          doc="how many queued tasks ahead each block prefetches weights into L2 (0 = no prefetch)"),
+    Knob("ring_stages", int, 0, choices=(0, 2, 3, 4, 6, 8, 12), affects="build",
+         doc="stages of the sm_90+ bulk-copy weight ring (0 = off: the register streaming path, the default; "
+             "ignored before sm_90): a producer warp streams every GEMV-family tile's rows into shared memory "
+             "from the launch's start (vm/csrc/stream.cuh). Shrunk with a warning where the stages do not fit next "
+             "to the largest op area. Off by default: on llama-3.2-1b it measured 31-32% slower than the register "
+             "path (H200, 8 x 16 KB; docs/PERF.md, forty-fifth session)"),
+    Knob("ring_stage_kb", int, 16, choices=(8, 16, 32, 64), affects="build",
+         doc="KB per weight-ring stage (a stage holds whole rows of each of a task's matrices; tasks whose rows do "
+             "not fit a stage take the register path); only with ring_stages > 0"),
+    Knob("ring_window", int, 0, range=(0, 11), affects="build",
+         doc="weight-ring copies in flight at most (issued, not landed), below ring_stages; 0 = auto: 2 (1 with 2 "
+             "stages). A deep ring with few bytes in flight keeps the hops' small loads from queueing behind it (scripts/pipe_micro.cu: window 2 "
+             "of 12 x 16 KB 811 us against 930 with no window); only with ring_stages > 0"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
@@ -275,9 +288,21 @@ def candidate_values(knob: Knob | str, target: Any = None) -> list:
     return sorted(v for v in vals if k.check(v) is None)
 
 
+def consistent(cfg: dict[str, Any]) -> list[str]:
+    """Move knobs a sampler set against each other back into agreement, in place (ScheduleConfig refuses the
+    combination when a user writes it): the weight ring's window below its stages. Returns what moved."""
+    moved = []
+    if cfg.get("ring_stages", 0) and cfg.get("ring_window", 0) >= cfg["ring_stages"]:
+        moved.append(f"ring_window {cfg['ring_window']}->{cfg['ring_stages'] - 1} (below ring_stages)")
+        cfg["ring_window"] = cfg["ring_stages"] - 1
+    return moved
+
+
 def random_config(rng, target: Any = None) -> dict[str, Any]:
     """One uniformly random point of the discretised space (``rng`` is a ``random.Random``)."""
-    return {k.name: rng.choice(candidate_values(k, target)) for k in KNOBS}
+    cfg = {k.name: rng.choice(candidate_values(k, target)) for k in KNOBS}
+    consistent(cfg)
+    return cfg
 
 
 def mutate(config: dict[str, Any], rng, target: Any = None, n_changes: int | None = None) -> tuple[dict, list[str]]:
@@ -304,6 +329,7 @@ def mutate(config: dict[str, Any], rng, target: Any = None, n_changes: int | Non
         if new != cur:
             cfg[name] = new
             changed.append(f"{name} {cur}->{new}")
+    changed += consistent(cfg)
     return cfg, changed
 
 

@@ -271,6 +271,9 @@ class ScheduleConfig:
             if err:
                 errors.append(err)
             merged[k] = v
+        if not errors and merged["ring_stages"] and merged["ring_window"] >= merged["ring_stages"]:   # (0 = auto)
+            errors.append(f"ring_window: {merged['ring_window']} copies in flight must be below ring_stages "
+                          f"{merged['ring_stages']} (a window of every stage is no window)")
         if errors:
             raise IRError("invalid ScheduleConfig: " + "; ".join(errors))
         self.__dict__["_values"] = merged

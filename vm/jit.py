@@ -150,10 +150,11 @@ def arch_major(arch: str) -> int:
 
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
-             dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16, kv_ahead: bool = False) -> BuildSpec:
+             dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16, kv_ahead: bool = False,
+             ring_window: int | None = None) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB; AMK_RING_WINDOW:
-    the ring's copies in flight, 2, at most one less than the stages); extra nvcc
+    the ring's copies in flight, 2, at most one less than the stages; ``ring_window`` overrides it); extra nvcc
     flags (e.g. -DAMK_U1=16 -DAMK_U2=8) from AMK_NVCC_FLAGS. The ring is off by default: on H100 the register
     streaming path measured faster (docs in vm/csrc/stream.cuh). ``dtypes``: the weight / KV-cache element types to
     compile (a mask, see ``dtype_mask``; 0 = all): one type per build is ~half the SASS, and measured ~1% faster on
@@ -168,7 +169,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     tma = bool(tma) and arch_major(arch) >= 9
     stages = int(stages or os.environ.get("AMK_STAGES", 4))
     stage_bytes = int(stage_bytes or os.environ.get("AMK_STAGE_BYTES", 32768))
-    ring_window = int(os.environ.get("AMK_RING_WINDOW", min(2, max(stages - 1, 1))))
+    if not ring_window:   # (None or 0: the environment's, else 2 -- 1 with 2 stages)
+        ring_window = int(os.environ.get("AMK_RING_WINDOW", min(2, max(stages - 1, 1))))
     extra = tuple(os.environ.get("AMK_NVCC_FLAGS", "").split())
     preload = bool(preload) and arch_major(arch) >= 9 and not tma   # the preload and the ring exclude each other
     return BuildSpec(int(threads), int(prefetch_depth), arch, tma, stages, stage_bytes, ring_window,
@@ -265,6 +267,18 @@ def knobs_from_config(config: Any) -> tuple[int, int]:
     """(threads_per_block, prefetch_depth) from a program.config dict or a ScheduleConfig (defaults: 512, 2)."""
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     return int(d.get("threads_per_block", 512)), int(d.get("prefetch_depth", 2))
+
+
+def build_flags(config: Any, arch: str = "sm_90a") -> list[str]:
+    """The nvcc flags of the build a config (dict or ScheduleConfig) asks for on ``arch`` from its build knobs
+    (threads_per_block, prefetch_depth, the weight ring's ring_stages / ring_stage_kb / ring_window), before the
+    program's own needs (dtypes, merge bodies, preload, ...) and the shared-memory fit that vm.pack.select_build
+    adds. No GPU needed."""
+    from vm.pack import ring_knobs
+    threads, depth = knobs_from_config(config)
+    r = ring_knobs(config)
+    ring = dict(stages=r["stages"], stage_bytes=r["stage_bytes"], ring_window=r["window"]) if r["stages"] else {}
+    return spec_for(threads, depth, arch, bool(r["stages"]), **ring).cuda_cflags()
 
 
 def preload(config: Any = None, arch: str | None = None, verbose: bool | None = None) -> dict:

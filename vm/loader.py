@@ -7,8 +7,10 @@ cooperative persistent launch per decode step.
     out = vm.decode_device(n, first_token, start_pos)   # same on the device only (CUDA-graph replay if prepared)
     tr = vm.trace_step()                                # per-task %globaltimer stamps (wait begin, ready, end, SM)
 
-Build knobs come from ``program.config`` (threads_per_block, prefetch_depth) and can be overridden; ``tma=True``
-selects the sm_90 bulk-copy weight ring (vm/csrc/stream.cuh, opt-in), ``prefetch_fraction`` the L2 share of the
+Build knobs come from ``program.config`` (threads_per_block, prefetch_depth; ring_stages > 0 with ring_stage_kb and
+ring_window: the sm_90 bulk-copy weight ring, vm/csrc/stream.cuh, opt-in) and can be overridden; ``tma=True`` selects
+the ring with the AMK_STAGES / AMK_STAGE_BYTES / AMK_RING_WINDOW geometry where the config asks for none, ``tma=False``
+none at all; ``prefetch_fraction`` the L2 share of the
 look-ahead prefetch window, ``preload_kb`` (default: the config's knob) the whole-tile weight preload buffer
 (vm/csrc/preload.cuh, sm_90+ builds without the ring). Errors raised by a launch name the task, opcode, SM and,
 for timeouts, the counter.

@@ -79,6 +79,15 @@ def launch_knobs(config) -> dict[str, int]:
             "wait_prefetch_pace_bytes": pace * 1024}
 
 
+def ring_knobs(config) -> dict[str, int]:
+    """The weight ring a ScheduleConfig (dict) asks for (knobs ring_stages, ring_stage_kb, ring_window; stages 0 =
+    none: the build follows MegakernelVM's ``tma`` argument and the AMK_* environment, as the A/B scripts set it)."""
+    from flywheel.prior import KNOB_BY_NAME
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    get = lambda k: int(d.get(k, KNOB_BY_NAME[k].default))  # noqa: E731
+    return {"stages": get("ring_stages"), "stage_bytes": get("ring_stage_kb") * 1024, "window": get("ring_window")}
+
+
 def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
     """L2 prefetch bytes per look-ahead task: the window (depth tasks per block) fits in a share of L2
     (``fraction``, default $AMK_L2_PREFETCH_FRACTION or 0.5)."""
@@ -260,8 +269,9 @@ def merge_unroll_for(program: MegakernelProgram) -> int:
 def select_build(program: MegakernelProgram, device, threads: int, prefetch_depth: int, tma: bool | None = None,
                  preload_kb: int | None = None) -> BuildChoice:
     """The extension spec a program needs on ``device`` (a torch.device with an index): its weight / KV dtypes,
-    early-KV copies, preload, and the weight ring (sm_90+), which shrinks or goes away where it does not fit next
-    to the op area. Raises MegakernelError where a task cannot run on the device. Needs no weights."""
+    early-KV copies, preload, and the weight ring (sm_90+: the config's ring_* knobs, else ``tma`` and the AMK_*
+    environment; ``tma=False`` none), which shrinks (with a warning by the loader) or goes away where it does not
+    fit next to the op area. Raises MegakernelError where a task cannot run on the device. Needs no weights."""
     import torch
     from vm import jit
     props = torch.cuda.get_device_properties(device)
@@ -277,6 +287,10 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     ahead = any(int(t.params.get("early_kv", 0)) == 2 for t in program.tasks)   # (the stages then sit at the top)
     code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program),
                 kv_ahead=ahead)
+    ring = ring_knobs(program.config)   # the config's ring (ring_stages > 0) wins over the AMK_* environment
+    if ring["stages"] and tma is not False:
+        tma = True
+        code.update(stages=ring["stages"], stage_bytes=ring["stage_bytes"], ring_window=ring["window"])
     spec = jit.spec_for(threads, prefetch_depth, arch, tma, **code)
     wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
     attn = (spec.attn_stages, spec.attn_stage_bytes)
@@ -311,7 +325,8 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         fit = fit_ring_stages(optin, op_smem, spec.stage_bytes, spec.stages)
         if fit < spec.stages:
             try:
-                spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, stages=max(2, fit), **code)
+                code.update(stages=max(2, fit), stage_bytes=spec.stage_bytes, ring_window=spec.ring_window)
+                spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, **code)
             except jit.BuildError as e:   # e.g. a ring_window the fewer stages cannot take
                 raise MegakernelError(ring_shrink_note(requested, fit, spec.stage_bytes, op_smem, optin) +
                                       f": {e}") from e

@@ -29,7 +29,9 @@ AUTO_ON_TOY = {"qkv_head_split": qkv_split_for(0, 1, C.n_heads, C.n_kv_heads, C.
                # the toy's few QKV tasks leave most SMs idle: auto places attention there, with 4 splits
                "sm_assignment": "list_idle", "attn_splits": 4,
                # ... where every attention task idles long enough to load its KV early: auto hints them all
-               "early_kv": "on"}
+               "early_kv": "on",
+               # the weight ring's window 0 = auto: 2 copies in flight
+               "ring_window": 2}
 
 
 def _alternatives(knob) -> list:
@@ -411,7 +413,8 @@ def _check_dyn_mlp_static(p, v):
 # (the row-tile knobs: on 2 SMs, auto gives the toy 48- and 96-row tiles, a size no choice has)
 REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns": {"mlp_prefetch_kb": 64},
             "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2},
-            "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}, "step_placement": {"steps_per_launch": 2}}
+            "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}, "step_placement": {"steps_per_launch": 2},
+            "ring_stage_kb": {"ring_stages": 4}, "ring_window": {"ring_stages": 12}}
 # knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
 _LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
 # ... and knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
@@ -557,13 +560,14 @@ def _build_flags():
 @pytest.mark.parametrize("knob,value", [(k, v) for k, v in CASES if k.affects == "build"],
                          ids=[f"{k.name}={v}" for k, v in CASES if k.affects == "build"])
 def test_build_knob_changes_the_build(knob, value):
-    cfg = {**defaults(), knob.name: value}
-    prog = _lower(**{knob.name: value})
+    req = REQUIRES.get(knob.name, {})
+    cfg = {**defaults(), **req, knob.name: value}
+    prog = _lower(**req, **{knob.name: value})
     assert prog.config[knob.name] == value and prog.config != BASE.config   # reaches the program the VM builds
     flags = _build_flags()
     if flags is None:
         pytest.xfail("vm.jit exposes no build flags yet: they cannot be compared")
-    assert flags(cfg) != flags(defaults()), f"{knob.name}={value!r} left the build flags unchanged"
+    assert flags(cfg) != flags({**defaults(), **req}), f"{knob.name}={value!r} left the build flags unchanged"
 
 
 @pytest.mark.parametrize("knob,value", [(k, v) for k, v in CASES if k.affects == "launch"],

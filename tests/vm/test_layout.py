@@ -361,3 +361,42 @@ def test_select_build_shrinks_the_ring_and_says_what_was_asked(monkeypatch):
     monkeypatch.delenv("AMK_RING_WINDOW")
     b2 = select_build(prog, torch.device("cuda", 0), 512, 2, tma=True)
     assert b2.spec.stages == 2 and b2.ring_requested == 2
+
+
+def test_the_config_asks_for_the_ring(monkeypatch):
+    """ring_stages > 0 selects the weight ring with the config's geometry (over the AMK_* environment the A/B
+    scripts set); MegakernelVM's tma=False keeps it off; before sm_90 there is none; a window at or above the stages
+    is refused by ScheduleConfig naming ring_window."""
+    import torch
+
+    from schedule.ir import IRError, ScheduleConfig
+    from vm import jit
+    from vm.pack import select_build
+    _fake_h100(monkeypatch)
+    for env in ("AMK_TMA", "AMK_STAGES", "AMK_STAGE_BYTES", "AMK_RING_WINDOW", "AMK_NVCC_FLAGS"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("AMK_STAGES", "9")   # (the config's ring wins over these)
+    monkeypatch.setenv("AMK_RING_WINDOW", "1")
+    g = load_model("toy", dtype="bf16")
+    dev = torch.device("cuda", 0)
+    cfg = {"num_sms": 4, "ring_stages": 4, "ring_stage_kb": 16, "ring_window": 3}
+    b = select_build(lower(g, get_target("h100"), cfg, max_seq=16), dev, 512, 2)
+    assert (b.spec.tma, b.spec.stages, b.spec.stage_bytes, b.spec.ring_window) == (True, 4, 16384, 3)
+    assert "-DAMK_STAGES=4" in b.spec.cuda_cflags() and "-DAMK_RING_WINDOW=3" in b.spec.cuda_cflags()
+    auto = select_build(lower(g, get_target("h100"), {**cfg, "ring_window": 0}, max_seq=16), dev, 512, 2)
+    assert auto.spec.ring_window == 1   # 0 = auto: the environment's, else 2
+    monkeypatch.delenv("AMK_RING_WINDOW")
+    auto = select_build(lower(g, get_target("h100"), {**cfg, "ring_window": 0}, max_seq=16), dev, 512, 2)
+    assert auto.spec.ring_window == 2
+    off = select_build(lower(g, get_target("h100"), cfg, max_seq=16), dev, 512, 2, tma=False)
+    assert not off.spec.tma and off.ring_requested == 0
+    none = select_build(lower(g, get_target("h100"), {"num_sms": 4}, max_seq=16), dev, 512, 2)
+    assert not none.spec.tma   # no ring asked, AMK_TMA unset
+    monkeypatch.setattr(jit, "device_arch", lambda index=0: "sm_80")
+    assert not select_build(lower(g, get_target("h100"), cfg, max_seq=16), dev, 512, 2).spec.tma
+    with pytest.raises(IRError, match="ring_window: 4 copies in flight must be below ring_stages 4"):
+        ScheduleConfig(ring_stages=4, ring_window=4)
+    assert ScheduleConfig(ring_window=11).ring_window == 11   # (no ring: the window is unused)
+    flags = jit.build_flags(cfg)
+    assert "-DAMK_TMA=1" in flags and "-DAMK_STAGE_BYTES=16384" in flags
+    assert "-DAMK_TMA=0" in jit.build_flags({})
