@@ -25,7 +25,7 @@ Bytes that reach L2 before their task streams them, each a flow of its own that 
   (after its earlier prefetch tasks'), and the SM starts its next task only then;
 * ``prefetch_depth`` (build knob): each task start asks L2 for the weights of the next queued tasks.
 What a consumer finds done is read from L2; what is still in flight joins its own stream. ``preload_kb`` (the
-shared-memory preload) is not modelled.
+shared-memory preload) and the weight ring (``ring_stages``, ``ring_stage_kb``, ``ring_window``) are not modelled.
 An attention task with the ``early_kv`` hint copies the KV history of its first tiles (at most the build's
 attention stages, ``EARLY_KV_BYTES``) into shared memory before its wait: when its SM reaches it (hint 1: a flow of
 its own), or -- hint 2, ``early_kv`` 'ahead' -- as the task before it on its SM starts: one SM pulls both, so the

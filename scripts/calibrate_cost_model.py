@@ -154,7 +154,7 @@ def report(recs, progs, calib: Calib, abs_weight: float) -> dict:
 
 SWEEP_RANGES = {"attn_splits": (1, 2, 4, 16), "num_sms": (66, 100), "threads_per_block": (256, 1024),
                 "prefetch_depth": (1, 2)}
-NOT_MODELLED = ("preload_kb",)   # the shared-memory preload: not in the simulation
+NOT_MODELLED = ("preload_kb", "ring_stages", "ring_stage_kb", "ring_window")   # shared-memory paths: not simulated
 
 
 def sweep(model: str, gpu: str, ctx: int, calib: Calib) -> list[dict]:
