@@ -325,7 +325,10 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
         fit = fit_ring_stages(optin, op_smem, spec.stage_bytes, spec.stages)
         if fit < spec.stages:
             try:
-                code.update(stages=max(2, fit), stage_bytes=spec.stage_bytes, ring_window=spec.ring_window)
+                # an asked window is kept (and refused if the fewer stages cannot take it); the auto one follows them
+                asked = (ring["window"] if ring["stages"] and tma else 0) or int(os.environ.get("AMK_RING_WINDOW", 0))
+                code.update(stages=max(2, fit), stage_bytes=spec.stage_bytes,
+                            ring_window=spec.ring_window if asked else min(spec.ring_window, max(1, fit - 1)))
                 spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, **code)
             except jit.BuildError as e:   # e.g. a ring_window the fewer stages cannot take
                 raise MegakernelError(ring_shrink_note(requested, fit, spec.stage_bytes, op_smem, optin) +

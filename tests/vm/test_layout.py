@@ -324,7 +324,7 @@ def test_ring_fit_and_the_shrink_note():
     assert "fewer than 2 fit, so the build has no ring" in ring_shrink_note(4, 1, 65536, 200000, 232448)
 
 
-def _fake_h100(monkeypatch):
+def _fake_h100(monkeypatch, optin: int = 232448):
     """select_build on a CPU machine: an sm_90a device with an H100's opt-in shared memory (no GPU touched)."""
     import contextlib
     import types
@@ -333,7 +333,7 @@ def _fake_h100(monkeypatch):
 
     from vm import jit
     monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda d: types.SimpleNamespace(shared_memory_per_block_optin=232448))
+                        lambda d: types.SimpleNamespace(shared_memory_per_block_optin=optin))
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(jit, "device_arch", lambda index=0: "sm_90a")
 
@@ -400,3 +400,22 @@ def test_the_config_asks_for_the_ring(monkeypatch):
     flags = jit.build_flags(cfg)
     assert "-DAMK_TMA=1" in flags and "-DAMK_STAGE_BYTES=16384" in flags
     assert "-DAMK_TMA=0" in jit.build_flags({})
+
+
+def test_a_shrunk_ring_keeps_an_asked_window_and_fits_the_auto_one(monkeypatch):
+    """Room for only 2 stages (64 KB stages next to the toy's 75 KB op area in a faked 210 KB opt-in): the auto window
+    (2 copies) follows the ring down to 1; a window the config asks for is kept, so 2 is refused naming both."""
+    import torch
+
+    from vm.pack import fit_ring_stages, select_build
+    _fake_h100(monkeypatch, optin=210 * 1024)
+    for env in ("AMK_TMA", "AMK_STAGES", "AMK_STAGE_BYTES", "AMK_RING_WINDOW", "AMK_NVCC_FLAGS"):
+        monkeypatch.delenv(env, raising=False)
+    g = load_model("toy", dtype="bf16")
+    dev = torch.device("cuda", 0)
+    cfg = {"num_sms": 4, "ring_stages": 4, "ring_stage_kb": 64}
+    b = select_build(lower(g, get_target("h100"), cfg, max_seq=16), dev, 512, 2)
+    assert fit_ring_stages(210 * 1024, b.op_smem, 65536, 4) == 2
+    assert (b.spec.stages, b.spec.ring_window, b.ring_requested) == (2, 1, 4)
+    with pytest.raises(MegakernelError, match="4 stages of 65536 B asked, 2 fit .*ring_window 2"):
+        select_build(lower(g, get_target("h100"), {**cfg, "ring_window": 2}, max_seq=16), dev, 512, 2)
