@@ -234,8 +234,9 @@ KNOBS: tuple[Knob, ...] = (
              "not fit a stage take the register path); only with ring_stages > 0"),
     Knob("ring_window", int, 0, range=(0, 11), affects="build",
          doc="weight-ring copies in flight at most (issued, not landed), below ring_stages; 0 = auto: 2 (1 with 2 "
-             "stages). A deep ring with few bytes in flight keeps the hops' small loads from queueing behind it (scripts/pipe_micro.cu: window 2 "
-             "of 12 x 16 KB 811 us against 930 with no window); only with ring_stages > 0"),
+             "stages). A deep ring with few bytes in flight keeps the hops' small loads from queueing behind it "
+             "(scripts/pipe_micro.cu: window 2 of 12 x 16 KB 811 us against 930 with no window); only with "
+             "ring_stages > 0"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
@@ -288,14 +289,19 @@ def candidate_values(knob: Knob | str, target: Any = None) -> list:
     return sorted(v for v in vals if k.check(v) is None)
 
 
+def ring_window_too_big(cfg: dict[str, Any]) -> bool:
+    """The one rule between knobs: a weight ring's window (copies in flight; 0 = auto) must be below its stages."""
+    return bool(cfg.get("ring_stages", 0)) and cfg.get("ring_window", 0) >= cfg["ring_stages"]
+
+
 def consistent(cfg: dict[str, Any]) -> list[str]:
     """Move knobs a sampler set against each other back into agreement, in place (ScheduleConfig refuses the
     combination when a user writes it): the weight ring's window below its stages. Returns what moved."""
-    moved = []
-    if cfg.get("ring_stages", 0) and cfg.get("ring_window", 0) >= cfg["ring_stages"]:
-        moved.append(f"ring_window {cfg['ring_window']}->{cfg['ring_stages'] - 1} (below ring_stages)")
-        cfg["ring_window"] = cfg["ring_stages"] - 1
-    return moved
+    if not ring_window_too_big(cfg):
+        return []
+    moved = f"ring_window {cfg['ring_window']}->{cfg['ring_stages'] - 1} (below ring_stages)"
+    cfg["ring_window"] = cfg["ring_stages"] - 1
+    return [moved]
 
 
 def random_config(rng, target: Any = None) -> dict[str, Any]:

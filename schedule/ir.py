@@ -260,7 +260,7 @@ class ScheduleConfig:
     """
 
     def __init__(self, **values: Any):
-        from flywheel.prior import KNOB_BY_NAME, defaults
+        from flywheel.prior import KNOB_BY_NAME, defaults, ring_window_too_big
         merged = defaults()
         errors = []
         for k, v in values.items():
@@ -271,7 +271,7 @@ class ScheduleConfig:
             if err:
                 errors.append(err)
             merged[k] = v
-        if not errors and merged["ring_stages"] and merged["ring_window"] >= merged["ring_stages"]:   # (0 = auto)
+        if not errors and ring_window_too_big(merged):
             errors.append(f"ring_window: {merged['ring_window']} copies in flight must be below ring_stages "
                           f"{merged['ring_stages']} (a window of every stage is no window)")
         if errors:

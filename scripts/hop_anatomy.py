@@ -98,13 +98,10 @@ def segments(d, fam) -> list[str]:
         for f in ORDER + ["lm_head"]:
             m = (fam == f) & (d["marks"][..., 6] > 0).any(axis=0)
             if m.any():
-                staged = mk[:, m, 1][..., None]
-                first, done = mk[:, m, 38:70] - staged, mk[:, m, 6:38] - staged
-                first = np.where(d["marks"][:, m, 38:70] > 0, first, np.nan)   # (warps of the build: the rest unset)
-                done = np.where(d["marks"][:, m, 6:38] > 0, done, np.nan)
+                w = np.where(d["marks"][:, m, 6:70] > 0, mk[:, m, 6:70], np.nan)   # (the build's warps; rest unset)
+                done, first = w[..., :32] - mk[:, m, 1:2], w[..., 32:] - mk[:, m, 1:2]
                 a = [np.nanmedian(g(x, axis=2)) for x in (first, done) for g in (np.nanmin, np.nanmedian, np.nanmax)]
-                close = np.median(mk[:, m, 2] - np.nanmax(mk[:, m, 6:38] * np.where(d["marks"][:, m, 6:38] > 0, 1,
-                                                                                     np.nan), axis=2))
+                close = np.median(mk[:, m, 2] - np.nanmax(w[..., :32], axis=2))
                 out.append(f"{f:11s} " + " ".join(f"{x:5.2f}" for x in a[:3]) + " | " +
                            " ".join(f"{x:5.2f}" for x in a[3:]) + f" | {close:5.2f}")
     return out

@@ -181,7 +181,8 @@ def main():
             continue
         floor = roofline(prog, ctx=a.ctx)["floor_us"]
         row = {"variant": name, "config": cfg, "build": build, "ring_bytes": vm.ring_bytes,
-               "ring_stages": vm.ring_stages, "streamed": vm.n_streamed, "preload_bytes": vm.preload_bytes, "preloaded": vm.n_preloaded,
+               "ring_stages": vm.ring_stages, "streamed": vm.n_streamed, "preload_bytes": vm.preload_bytes,
+               "preloaded": vm.n_preloaded,
                "correct": chk["correct"], "max_rel_err": chk["max_rel_err"],
                "latency_us": None if lat is None else round(lat, 1), "floor_us": round(floor, 1),
                "seconds": round(time.time() - t_s, 1), **bd}

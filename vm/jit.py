@@ -275,10 +275,8 @@ def build_flags(config: Any, arch: str = "sm_90a") -> list[str]:
     program's own needs (dtypes, merge bodies, preload, ...) and the shared-memory fit that vm.pack.select_build
     adds. No GPU needed."""
     from vm.pack import ring_knobs
-    threads, depth = knobs_from_config(config)
-    r = ring_knobs(config)
-    ring = dict(stages=r["stages"], stage_bytes=r["stage_bytes"], ring_window=r["window"]) if r["stages"] else {}
-    return spec_for(threads, depth, arch, bool(r["stages"]), **ring).cuda_cflags()
+    ring = ring_knobs(config)
+    return spec_for(*knobs_from_config(config), arch, bool(ring), **ring).cuda_cflags()
 
 
 def preload(config: Any = None, arch: str | None = None, verbose: bool | None = None) -> dict:

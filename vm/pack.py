@@ -67,25 +67,27 @@ def device_dtype(b) -> DType:
     return DType.I32 if b.dtype == DType.I32 else DType.F32
 
 
-def launch_knobs(config) -> dict[str, int]:
-    """The launch parameters a ScheduleConfig (dict) sets on an already built kernel (knobs with affects='launch')."""
+def _int_knobs(config, *names: str) -> list[int]:
+    """The integer values of knobs ``names`` in a ScheduleConfig (or its dict), defaults for the missing ones."""
     from flywheel.prior import KNOB_BY_NAME
     d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
-    kb = int(d.get("wait_prefetch_kb", KNOB_BY_NAME["wait_prefetch_kb"].default))
-    pk = int(d.get("preload_kb", KNOB_BY_NAME["preload_kb"].default))
-    nk = int(d.get("wait_prefetch_next_kb", KNOB_BY_NAME["wait_prefetch_next_kb"].default))
-    pace = int(d.get("wait_prefetch_pace_kb", KNOB_BY_NAME["wait_prefetch_pace_kb"].default))
+    return [int(d.get(k, KNOB_BY_NAME[k].default)) for k in names]
+
+
+def launch_knobs(config) -> dict[str, int]:
+    """The launch parameters a ScheduleConfig (dict) sets on an already built kernel (knobs with affects='launch')."""
+    kb, pk, nk, pace = _int_knobs(config, "wait_prefetch_kb", "preload_kb", "wait_prefetch_next_kb",
+                                  "wait_prefetch_pace_kb")
     return {"wait_prefetch_bytes": kb * 1024, "preload_bytes": pk * 1024, "wait_prefetch_next_bytes": nk * 1024,
             "wait_prefetch_pace_bytes": pace * 1024}
 
 
 def ring_knobs(config) -> dict[str, int]:
-    """The weight ring a ScheduleConfig (dict) asks for (knobs ring_stages, ring_stage_kb, ring_window; stages 0 =
-    none: the build follows MegakernelVM's ``tma`` argument and the AMK_* environment, as the A/B scripts set it)."""
-    from flywheel.prior import KNOB_BY_NAME
-    d = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
-    get = lambda k: int(d.get(k, KNOB_BY_NAME[k].default))  # noqa: E731
-    return {"stages": get("ring_stages"), "stage_bytes": get("ring_stage_kb") * 1024, "window": get("ring_window")}
+    """The weight ring a ScheduleConfig (dict) asks for, as vm.jit.spec_for arguments (stages, stage_bytes,
+    ring_window; a window of 0 is spec_for's auto); {} where ring_stages is 0: the build then follows MegakernelVM's
+    ``tma`` argument and the AMK_* environment, as the A/B scripts set it."""
+    stages, kb, window = _int_knobs(config, "ring_stages", "ring_stage_kb", "ring_window")
+    return {"stages": stages, "stage_bytes": kb * 1024, "ring_window": window} if stages else {}
 
 
 def prefetch_cap_bytes(l2_bytes: int, grid: int, depth: int, fraction: float | None = None) -> int:
@@ -288,9 +290,9 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program),
                 kv_ahead=ahead)
     ring = ring_knobs(program.config)   # the config's ring (ring_stages > 0) wins over the AMK_* environment
-    if ring["stages"] and tma is not False:
+    if ring and tma is not False:
         tma = True
-        code.update(stages=ring["stages"], stage_bytes=ring["stage_bytes"], ring_window=ring["window"])
+        code.update(ring)
     spec = jit.spec_for(threads, prefetch_depth, arch, tma, **code)
     wbytes = lambda t: program.buffers[t.inputs[1]].dtype.nbytes if t.op in STREAM_OPS else 4  # noqa: E731
     attn = (spec.attn_stages, spec.attn_stage_bytes)
@@ -324,11 +326,8 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     if spec.tma:
         fit = fit_ring_stages(optin, op_smem, spec.stage_bytes, spec.stages)
         if fit < spec.stages:
-            try:
-                # an asked window is kept (and refused if the fewer stages cannot take it); the auto one follows them
-                asked = (ring["window"] if ring["stages"] and tma else 0) or int(os.environ.get("AMK_RING_WINDOW", 0))
-                code.update(stages=max(2, fit), stage_bytes=spec.stage_bytes,
-                            ring_window=spec.ring_window if asked else min(spec.ring_window, max(1, fit - 1)))
+            try:   # (the window as asked: an auto one follows the fewer stages, an asked one may not fit them)
+                code.update(stages=max(2, fit), stage_bytes=spec.stage_bytes)
                 spec = jit.spec_for(threads, prefetch_depth, arch, fit >= 2, **code)
             except jit.BuildError as e:   # e.g. a ring_window the fewer stages cannot take
                 raise MegakernelError(ring_shrink_note(requested, fit, spec.stage_bytes, op_smem, optin) +

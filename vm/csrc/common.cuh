@@ -168,22 +168,17 @@ __device__ __forceinline__ void amk_report(const AmkParams& p, int code, int tas
 #ifndef AMK_DBG_SETUP_MARK
 #define AMK_DBG_SETUP_MARK 0
 #endif
-__device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) {
-  if (AMK_MARKS && c.p->trace != nullptr && threadIdx.x == 0) {
+// Mark k of the running task, written by the calling thread where `writer` holds.
+__device__ __forceinline__ void amk_mark_if(const AmkCtx& c, int k, bool writer) {
+  if (AMK_MARKS && c.p->trace != nullptr && writer) {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 4 + k] = t;
   }
 }
-
-// Mark k of the running task by lane 0 of the calling warp (diagnostic marks written by every warp).
-__device__ __forceinline__ void amk_mark_lane0(const AmkCtx& c, int k) {
-  if (AMK_MARKS && c.p->trace != nullptr && (threadIdx.x & 31) == 0) {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    c.p->trace[(size_t)c.instr_index * AMK_TRACE_WORDS + 4 + k] = t;
-  }
-}
+__device__ __forceinline__ void amk_mark(const AmkCtx& c, int k) { amk_mark_if(c, k, threadIdx.x == 0); }
+// Mark k by lane 0 of the calling warp (diagnostic marks written by every warp).
+__device__ __forceinline__ void amk_mark_lane0(const AmkCtx& c, int k) { amk_mark_if(c, k, (threadIdx.x & 31) == 0); }
 
 __device__ __forceinline__ void amk_fail(const AmkCtx& c, int code, int detail) {
   amk_report(*c.p, code, c.ins->task_id, c.ins->op, detail, c.sm);

@@ -68,7 +68,9 @@ __device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
 __device__ __noinline__ int amk_mbar_wait_for(const AmkParams& p, uint32_t bar, uint32_t parity, int task, int op,
                                               int detail, int sm, const volatile int* stop,
                                               const volatile uint32_t* gate = nullptr, uint32_t gate_after = 0) {
-  const auto ready = [&] { return (gate == nullptr || (int32_t)(*gate - gate_after) > 0) && amk_mbar_try(bar, parity); };
+  const auto ready = [&] {
+    return (gate == nullptr || (int32_t)(*gate - gate_after) > 0) && amk_mbar_try(bar, parity);
+  };
   if (ready()) return 0;
   uint64_t t0, tc;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));

@@ -27,8 +27,9 @@
 // producer is far ahead (a task's stages land tens of us before its wait ends), but a streamed task's warps first
 // reach their landed stage ~1.8 us after the input is staged and the closing barrier + epilogue take ~1 us; ring
 // builds run 4-5x the register path's local-memory loads (not the 17th warp's 96-register cap alone: 15 compute
-// warps + the producer, 128 registers, ran 0.8x as many) with 10-48% L1 misses; and the bulk copies' steady rate with 2-4 in flight is below the register path's
-// (gate/up 25.7 vs 18.0 us on the H200). QKV tiles with the RoPE-pair split (two ranges) never stream.
+// warps + the producer, 128 registers, ran 0.8x as many) with 10-48% L1 misses; and the bulk copies' steady rate
+// with 2-4 in flight is below the register path's (gate/up 25.7 vs 18.0 us on the H200). QKV tiles with the
+// RoPE-pair split (two ranges) never stream.
 
 #pragma once
 #include "common.cuh"
@@ -129,11 +130,12 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
   const uint64_t pol = amk_policy_evict_first();
   uint32_t n = 0;  // stages issued
   for (int q = q0; q < q1; ++q) {
-    const AmkInstr& in = p.instrs[__ldg(p.queue_items + q)];
+    const int idx = __ldg(p.queue_items + q);
+    const AmkInstr& in = p.instrs[idx];
     AmkGeom g;
     if (!amk_stream_geom(in, g)) continue;
     const uint64_t src0 = in.prefetch_ptr[0], src1 = in.prefetch_ptr[1];
-    uint64_t* const mk = (AMK_MARKS && p.trace) ? p.trace + (size_t)__ldg(p.queue_items + q) * AMK_TRACE_WORDS + 4
+    uint64_t* const mk = (AMK_MARKS && p.trace) ? p.trace + (size_t)idx * AMK_TRACE_WORDS + 4
                                                 : nullptr;  // marks 4 / 5: this task's first / last stage issued
     for (int r0 = 0; r0 < g.rows; r0 += g.sr, ++n) {
       const uint32_t slot = n % AMK_STAGES;
