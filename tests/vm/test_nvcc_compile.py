@@ -81,3 +81,25 @@ def test_microbenchmarks_compile(tmp_path, micro):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "warning" not in r.stderr.lower(), r.stderr[-4000:]
+
+
+def test_ring_item_loops_keep_context_in_registers(tmp_path):
+    """The weight ring's work-item loops (one per streamed GEMV body) re-read no context field and reload few spills
+    per item: a local load that misses the L1 is an L2 round trip per 4 KB item (docs/PERF.md, forty-sixth session:
+    7-8 per item before the ring state was held in registers and the shared-memory dot product unrolled less, 3-4
+    after). The default ring geometry of the A/Bs (8 x 16 KB, 512 compute threads + the producer: 96 registers)."""
+    from scripts.sass_loops import find_cuobjdump, ring_loops
+    exe = find_cuobjdump()
+    if exe is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    obj = tmp_path / "ring.o"
+    cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(obj), f"-I{CSRC}",
+           "-gencode=arch=compute_90a,code=sm_90a", "-DAMK_THREADS=512", "-DAMK_PREFETCH_DEPTH=0", "-DAMK_TMA=1",
+           "-DAMK_STAGES=8", "-DAMK_STAGE_BYTES=16384", "-DAMK_RING_WINDOW=2", "-DAMK_DTYPES=2",
+           "-DAMK_MERGE_UNROLL=4", *TORCH_DEFINES]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    loops = ring_loops(str(obj), ["amk_gemv_body", "amk_silu_body", "amk_qkv_gemv_body"], exe)
+    for name, ls in loops.items():
+        assert ls, f"{name}: no ring item loop found"
+        assert all(l["ldl"] <= 4 and l["stl"] == 0 for l in ls), (name, ls)

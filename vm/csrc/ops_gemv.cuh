@@ -258,7 +258,8 @@ __device__ __forceinline__ void amk_gemv_tile(const AmkCtx& c, const char* const
 template <class T, int NM, class Epi>
 __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom& g, int K, const float* xs,
                                                   float* stash, Epi epi) {
-  AmkRing& R = *c.ring;
+  AmkRing& R = *c.ring;  // (R, ring and flag stay in registers across the items: see amk_ring_wait_warp)
+  int* const flag = c.flag;
   const int warp = amk_warp(), lane = amk_lane();
   const int wpr = amk_stream_wpr(g), nc = K / T::VE;
   const int per_stage = g.sr * wpr, nst = (g.rows + g.sr - 1) / g.sr;
@@ -272,8 +273,8 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
     const int n = (g.rows - s * g.sr) < g.sr ? (g.rows - s * g.sr) : g.sr;
     const uint32_t seq = seq0 + (uint32_t)s;
     if (s != waited) {
-      if (!amk_ring_wait_warp(c, seq)) {
-        if (lane == 0) *c.flag = 1;
+      if (!amk_ring_wait_warp(c, R, seq)) {
+        if (lane == 0) *flag = 1;
         ok = false;
         break;
       }
@@ -288,7 +289,7 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
     float acc[NM];
 #pragma unroll
     for (int m = 0; m < NM; ++m) acc[m] = 0.f;
-    amk_dot_vec<T, NM, (NM == 1 ? AMK_U1 : AMK_U2)>(rows, xs, nc, sub * 32 + lane, 32 * wpr, AmkSrcShared{}, acc);
+    amk_dot_vec<T, NM, AMK_RING_U>(rows, xs, nc, sub * 32 + lane, 32 * wpr, AmkSrcShared{}, acc);
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
       acc[m] = amk_warp_sum(acc[m]);
@@ -298,7 +299,7 @@ __device__ __forceinline__ bool amk_gemv_streamed(const AmkCtx& c, const AmkGeom
   }
   if (AMK_DBG_RING_STAMPS) amk_mark_lane0(c, 6 + warp);
   amk_sync();  // every warp is past its items (and its stash writes are visible)
-  if (*c.flag || !ok) return false;
+  if (*flag || !ok) return false;
   if (amk_tid() == 0) R.consumed = seq0 + (uint32_t)nst;  // (read after the task's barrier)
   for (int r = amk_tid(); r < g.rows; r += AMK_THREADS) {
     float a[NM];

@@ -23,7 +23,8 @@
 // further ahead than the ring is long) but OPT-IN (AMK_TMA=1 / tma=True) and still SLOWER than the register path.
 // llama-3.2-1b bf16 ctx 512, 16 KB stages, no L2 prefetch tasks: on an H100 1405-1418 us with 512 compute threads +
 // the producer against 1124 us (forty-fourth / forty-fifth sessions); on an H200 1260 us against 952-964 after the
-// wait's fast path (forty-fifth). What the traces and ncu say is left (docs/PERF.md, forty-fifth session): the
+// wait's fast path (forty-fifth), 1244-1248 us against 963-973 with the item loop's context reads and most of its
+// spill reloads out (7-8 local loads per work item -> 3-4, SASS; forty-sixth). What the traces and ncu say is left (docs/PERF.md, forty-fifth session): the
 // producer is far ahead (a task's stages land tens of us before its wait ends), but a streamed task's warps first
 // reach their landed stage ~1.8 us after the input is staged and the closing barrier + epilogue take ~1 us; ring
 // builds run 4-5x the register path's local-memory loads (not the 17th warp's 96-register cap alone: 15 compute
@@ -81,6 +82,12 @@ __device__ __forceinline__ bool amk_stream_geom(const AmkInstr& in, AmkGeom& g) 
 // task's smem scratch holds one partial per (row, matrix, slice).
 #ifndef AMK_RING_SLICE_BYTES
 #define AMK_RING_SLICE_BYTES 4096
+#endif
+// 16-byte chunks per lane in flight in a streamed work item's dot product (shared-memory reads: a few cover their
+// latency; the register path's AMK_U1 / AMK_U2 cover an HBM round trip and cost registers the ring's loop lacks
+// with the producer warp's 96-register cap).
+#ifndef AMK_RING_U
+#define AMK_RING_U 2
 #endif
 __host__ __device__ __forceinline__ int amk_stream_wpr(const AmkGeom& g) {
   const int s = (g.row_bytes + AMK_RING_SLICE_BYTES - 1) / AMK_RING_SLICE_BYTES;
@@ -174,13 +181,12 @@ drain:
 // long (gate/up: two items per stage), so a warp can ask for stage n + AMK_STAGES while slot n % AMK_STAGES still
 // waits for stage n: the parity alone would take the slot's previous phase for this one; the issued count rules
 // that out. false: abort seen or timed out (reported); the caller stops using the ring.
-__device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, uint32_t seq) {
-  const AmkRing& R = *c.ring;
+// The slow path (the bounded wait and its report) is a call that reads the task's context; the fast path touches
+// only the ring state R, which the caller holds in a register: a context field read here is a local-memory load
+// after every "memory"-clobbering mbarrier asm, i.e. once per work item (the ring's item loop made ~6 such loads and
+// spill reloads per item, each an L2 round trip when the L1 -- small next to a deep ring -- misses).
+__device__ __noinline__ bool amk_ring_wait_slow(const AmkCtx& c, const AmkRing& R, uint32_t seq) {
   const uint32_t bar = R.bar + 8u * (seq % AMK_STAGES), parity = (seq / AMK_STAGES) & 1u;
-  // Fast path, no call: the stage is issued and has landed (the producer runs ahead, so mostly it has). A
-  // noinline call here would make every work item save and reload registers through the stack (ncu, forty-fifth
-  // session: ring builds ran 4-5x the register path's local loads).
-  if (__all_sync(0xffffffffu, (int32_t)(R.issued - seq) > 0 && amk_mbar_try(bar, parity))) return true;
   int bad = 0;
   if (amk_lane() == 0)
     bad = amk_mbar_wait_for(*c.p, bar, parity, c.ins->task_id, c.ins->op, -1 - (int)(seq % AMK_STAGES), c.sm,
@@ -189,6 +195,14 @@ __device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, uint32_t seq
   if (bad) return false;
   while (!amk_mbar_try(bar, parity)) {}
   return true;
+}
+__device__ __forceinline__ bool amk_ring_wait_warp(const AmkCtx& c, const AmkRing& R, uint32_t seq) {
+  const uint32_t bar = R.bar + 8u * (seq % AMK_STAGES), parity = (seq / AMK_STAGES) & 1u;
+  // Fast path, no call: the stage is issued and has landed (the producer runs ahead, so mostly it has). A
+  // noinline call here would make every work item save and reload registers through the stack (ncu, forty-fifth
+  // session: ring builds ran 4-5x the register path's local loads).
+  if (__all_sync(0xffffffffu, (int32_t)(R.issued - seq) > 0 && amk_mbar_try(bar, parity))) return true;
+  return amk_ring_wait_slow(c, R, seq);
 }
 
 // A compute warp finished one of the `items` work items of stage `seq` (every lane's shared loads consumed): the
