@@ -42,6 +42,13 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 #define AMK_TMA 0
 #endif
 #define AMK_BLOCK_THREADS (AMK_THREADS + (AMK_TMA ? 32 : 0))
+// -DAMK_DBG_NOSTREAM=1 (A/B builds of the ring): no task streams (stream.cuh amk_stream_geom says no, the producer
+// warp finds nothing to issue, flagged tasks keep their wait prefetch), so a ring build runs the register path in
+// the ring build's block -- its 17th warp, the 96-register cap that gives the compute warps, its shared memory --
+// which prices those apart from the streaming itself.
+#ifndef AMK_DBG_NOSTREAM
+#define AMK_DBG_NOSTREAM 0
+#endif
 static_assert(AMK_BLOCK_THREADS <= 1024, "AMK_THREADS + the ring's producer warp must fit a block");
 __device__ __forceinline__ void amk_sync() {
 #if AMK_TMA

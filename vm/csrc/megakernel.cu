@@ -181,7 +181,13 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(AMK_BLOCK_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
+// -DAMK_LB_THREADS=N (A/B builds): compile for blocks of N threads (register cap 64K / N, rounded to the scheduler
+// split: 544 -> 96 registers) while launching AMK_BLOCK_THREADS -- the register path at a ring build's register cap.
+#ifndef AMK_LB_THREADS
+#define AMK_LB_THREADS AMK_BLOCK_THREADS
+#endif
+static_assert(AMK_LB_THREADS >= AMK_BLOCK_THREADS && AMK_LB_THREADS <= 1024, "AMK_LB_THREADS: the block .. 1024");
+extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
   __shared__ AmkInstr s_ins;
   __shared__ float s_red[64];
   __shared__ float s_part[64];
