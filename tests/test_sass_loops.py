@@ -5,8 +5,8 @@ from __future__ import annotations
 from scripts.sass_loops import functions, instructions, item_loops
 
 ELF = """
-   0x15          0x100           0x90  FUNC          LOCAL   DEFAULT    -      0x17  $amk_megakernel$_Z13amk_gemv_bodyI7AmkBF16Ev
-   0x17          0x190           0x40  FUNC          LOCAL   DEFAULT    -      0x17  $amk_megakernel$_Z13amk_op_argmax
+   0x15    0x100    0x90  FUNC  LOCAL  DEFAULT  -  0x17  $amk_megakernel$_Z13amk_gemv_bodyI7AmkBF16Ev
+   0x17    0x190    0x40  FUNC  LOCAL  DEFAULT  -  0x17  $amk_megakernel$_Z13amk_op_argmax
 """
 
 SASS = """

@@ -24,13 +24,15 @@
 // llama-3.2-1b bf16 ctx 512, 16 KB stages, no L2 prefetch tasks: on an H100 1405-1418 us with 512 compute threads +
 // the producer against 1124 us (forty-fourth / forty-fifth sessions); on an H200 1260 us against 952-964 after the
 // wait's fast path (forty-fifth), 1244-1248 us against 963-973 with the item loop's context reads and most of its
-// spill reloads out (7-8 local loads per work item -> 3-4, SASS; forty-sixth). What the traces and ncu say is left (docs/PERF.md, forty-fifth session): the
-// producer is far ahead (a task's stages land tens of us before its wait ends), but a streamed task's warps first
-// reach their landed stage ~1.8 us after the input is staged and the closing barrier + epilogue take ~1 us; ring
-// builds run 4-5x the register path's local-memory loads (not the 17th warp's 96-register cap alone: 15 compute
-// warps + the producer, 128 registers, ran 0.8x as many) with 10-48% L1 misses; and the bulk copies' steady rate
-// with 2-4 in flight is below the register path's (gate/up 25.7 vs 18.0 us on the H200). QKV tiles with the
-// RoPE-pair split (two ranges) never stream.
+// spill reloads out (7-8 local loads per work item -> 3-4, SASS; forty-sixth). Taken apart (forty-sixth, H200,
+// AMK_DBG_NOSTREAM / AMK_LB_THREADS): the 96-register cap the producer warp forces costs +7%, the rest of the ring
+// build's block +5%, its shared memory +5%, and streaming through the ring instead of the register loads + L2
+// prefetch +13%. What the traces and ncu said before (docs/PERF.md, forty-fifth session): the producer is far ahead
+// (a task's stages land tens of us before its wait ends), but a streamed task's warps first reach their landed stage
+// ~1.8 us after the input is staged and the closing barrier + epilogue take ~1 us; ring builds run 4-5x the register
+// path's local-memory loads with 10-48% L1 misses; and the bulk copies' steady rate with 2-4 in flight is below the
+// register path's (gate/up 25.7 vs 18.0 us on the H200). QKV tiles with the RoPE-pair split (two ranges) never
+// stream.
 
 #pragma once
 #include "common.cuh"
