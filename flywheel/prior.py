@@ -60,9 +60,9 @@ KNOBS: tuple[Knob, ...] = (
          doc="output rows per fused gate/up (SiLU*up) task; 0 = auto, as for gemv_rows (64 on llama-3.2-1b)"),
     Knob("lm_head_rows", int, 0, choices=(0, 16, 32, 64, 128, 256, 512),
          doc="vocabulary rows per LM-head task; 0 = auto: at most 512; a head of more tiles than SMs becomes one "
-             "wave of one tile per SM where those are at most 1024 rows (the llama presets: 132 tiles of 972 rows; "
-             "H100 -0.2..-0.4%), else its tile count rounded up to whole waves of SMs (qwen3-0.6b: 396 tiles of 384 "
-             "rows instead of 297 of 512)"),
+             "wave of one tile per SM where those are at most 2048 rows (on 132 SMs the llama presets: 132 tiles of "
+             "972 rows, H100 -0.2..-0.4%; qwen3: 1152 rows, -1.0%), else its tile count rounded up to whole waves of "
+             "SMs (sizes within one row)"),
     Knob("dyn_mlp_rows", int, 0, choices=(0, 1, 4, 8, 16, 32),
          doc="gate/up as one claim group instead of static row tiles: a task on every SM computes its own rows "
              "(dyn_mlp_static), then draws tickets for chunks of this many rows until none is left, so SMs that "

@@ -145,17 +145,18 @@ def _row_tiles(b: _Builder, n: int, rows: int):
 
 
 LM_HEAD_AUTO_ROWS = 512   # lm_head_rows 0 (auto): tiles of at most this many rows, in whole waves of SMs
-LM_HEAD_ONE_WAVE_ROWS = 1024   # ... or one wave of one tile per SM where that needs at most this many rows a tile
+LM_HEAD_ONE_WAVE_ROWS = 2048   # ... or one wave of one tile per SM where that needs at most this many rows a tile
 
 
 def lm_head_tiles(vocab: int, rows: int, n_sms: int) -> list[tuple[int, int]]:
     """(start, count) tiles of the LM head. rows > 0: that many rows each (the last one shorter). 0 (auto): a head
     that needs more than one wave of LM_HEAD_AUTO_ROWS-row tiles becomes ONE wave of n_sms tiles where those are at
-    most LM_HEAD_ONE_WAVE_ROWS rows (llama presets: 132 tiles of 971-972 rows instead of two waves of 486; H100
-    -0.2..-0.4% on llama-3.2-1b, -0.3% on llama-3.2-3b: one tile's fixed costs per SM instead of two, docs/PERF.md
+    most LM_HEAD_ONE_WAVE_ROWS rows (132 SMs: the llama presets' 132 tiles of 971-972 rows instead of two waves of
+    486, qwen3's 1151-1152 rows instead of three waves of 384; H100 -0.2..-0.4% on llama-3.2-1b, -0.3% on
+    llama-3.2-3b, -1.0% on qwen3-0.6b: one tile's fixed costs per SM instead of two or three, docs/PERF.md
     forty-sixth session), else its tile count rounded up to whole waves (sizes then differ by <= 1 row), so the last
-    wave does not run on a few SMs: qwen3-0.6b's 297 tiles of 512 rows left 33 SMs streaming a third wave alone on
-    132 SMs (docs/PERF.md, eleventh session). A head of one wave or less keeps its tiles of at most 512 rows."""
+    wave does not run on a few SMs (the eleventh session's qwen3-0.6b: 297 tiles of 512 rows left 33 SMs streaming a
+    third wave alone). A head of one wave or less keeps its tiles of at most 512 rows."""
     if rows > 0:
         return list(_tiles(vocab, rows))
     k = -(-vocab // LM_HEAD_AUTO_ROWS)

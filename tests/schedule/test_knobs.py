@@ -88,14 +88,15 @@ def _check_lm_head_rows(p, v):   # on llama-3.2-1b's shapes (WIDE): auto makes w
 
 
 @pytest.mark.parametrize("model,sms,tiles,cap", [("toy", 132, 1, 313), ("llama-3.2-1b", 132, 132, 972),
-                                                  ("qwen3-0.6b", 132, 396, 384), ("llama-3.2-1b", 64, 256, 501),
-                                                  ("qwen3-0.6b", 100, 300, 507), ("llama-3.2-1b", 126, 126, 1018),
-                                                  ("llama-3.2-1b", 125, 375, 343)])
+                                                  ("qwen3-0.6b", 132, 132, 1152), ("llama-3.2-1b", 64, 64, 2004),
+                                                  ("qwen3-0.6b", 100, 100, 1520), ("qwen3-0.6b", 74, 370, 411),
+                                                  ("llama-3.2-1b", 62, 310, 414)])
 def test_lm_head_rows_auto_fills_whole_waves(model, sms, tiles, cap):
     """lm_head_rows 0: tiles of at most 512 rows; more tiles than SMs -> one wave of one tile per SM where those are
-    at most 1024 rows (llama's 128256 rows: 972 on 132 SMs, 1018 on 126; 125 SMs would need 1027: 251 tiles of 512
-    rounded up to 3 waves), else a multiple of the SM count; sizes within one row of each other (cap: the largest,
-    hand-computed), covering the vocabulary once in order."""
+    at most 2048 rows (llama's 128256 rows: 972 on 132 SMs, 2004 on 64; qwen3's 151936: 1152 on 132), else the
+    512-row tile count rounded up to whole waves (qwen3 on 74 SMs would need 2054 rows: 297 tiles -> 5 waves of 74;
+    llama on 62 SMs 2069: 251 -> 5 waves of 62); sizes within one row of each other (cap: the largest, hand-computed),
+    covering the vocabulary once in order."""
     g = TOY if model == "toy" else load_model(model, dtype="bf16", device="meta")
     p = lower(g, H100, {**defaults(), "num_sms": sms}, max_seq=64)
     lm = [t for t in p.tasks if t.label.startswith("lm_head")]
