@@ -30,10 +30,8 @@ def find_cuobjdump() -> str | None:
         import nvidia  # the namespace package of NVIDIA's pip wheels
     except ImportError:
         return None
-    for root in getattr(nvidia, "__path__", []):
-        for cand in sorted(pathlib.Path(root).glob("cu*/bin/cuobjdump")):
-            return str(cand)
-    return None
+    found = sorted(c for root in getattr(nvidia, "__path__", []) for c in pathlib.Path(root).glob("cu*/bin/cuobjdump"))
+    return str(found[0]) if found else None
 
 
 def functions(elf: str) -> dict[str, tuple[int, int]]:

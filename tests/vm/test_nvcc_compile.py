@@ -10,6 +10,8 @@ import subprocess
 
 import pytest
 
+from scripts.sass_loops import find_cuobjdump, ring_loops
+
 CSRC = pathlib.Path(__file__).resolve().parents[2] / "vm" / "csrc"
 # torch's extension build passes these; the .cu must compile under them too.
 TORCH_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
@@ -83,15 +85,14 @@ def test_microbenchmarks_compile(tmp_path, micro):
     assert "warning" not in r.stderr.lower(), r.stderr[-4000:]
 
 
+@pytest.mark.skipif(find_cuobjdump() is None,
+                    reason="cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 def test_ring_item_loops_keep_context_in_registers(tmp_path):
     """The weight ring's work-item loops (one per streamed GEMV body) re-read no context field and reload few spills
     per item: a local load that misses the L1 is an L2 round trip per 4 KB item (docs/PERF.md, forty-sixth session:
     7-8 per item before the ring state was held in registers and the shared-memory dot product unrolled less, 3-4
     after). The default ring geometry of the A/Bs (8 x 16 KB, 512 compute threads + the producer: 96 registers)."""
-    from scripts.sass_loops import find_cuobjdump, ring_loops
     exe = find_cuobjdump()
-    if exe is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     obj = tmp_path / "ring.o"
     cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(obj), f"-I{CSRC}",
            "-gencode=arch=compute_90a,code=sm_90a", "-DAMK_THREADS=512", "-DAMK_PREFETCH_DEPTH=0", "-DAMK_TMA=1",

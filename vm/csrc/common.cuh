@@ -49,6 +49,12 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 #ifndef AMK_DBG_NOSTREAM
 #define AMK_DBG_NOSTREAM 0
 #endif
+// Whether a task's weights go through the weight ring (the loader flags only tasks whose rows fit a stage): the one
+// test for the ring's consumers (stream.cuh amk_stream_geom) and the wait prefetch, which leaves those bytes to the
+// producer (sync.cuh amk_wait_all).
+__host__ __device__ __forceinline__ bool amk_task_streams(const AmkInstr& in) {
+  return AMK_TMA && !AMK_DBG_NOSTREAM && (in.flags & AMK_INSTR_FLAG_STREAM) != 0;
+}
 static_assert(AMK_BLOCK_THREADS <= 1024, "AMK_THREADS + the ring's producer warp must fit a block");
 __device__ __forceinline__ void amk_sync() {
 #if AMK_TMA

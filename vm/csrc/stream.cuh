@@ -65,7 +65,7 @@ struct AmkGeom {
 
 // Stream geometry of an instruction; false if its weights do not go through the ring.
 __device__ __forceinline__ bool amk_stream_geom(const AmkInstr& in, AmkGeom& g) {
-  if (!AMK_RING_DEVICE || AMK_DBG_NOSTREAM || !(in.flags & AMK_INSTR_FLAG_STREAM)) return false;
+  if (!AMK_RING_DEVICE || !amk_task_streams(in)) return false;
   switch (in.op) {
     case AMK_OP_GEMV: g.rows = in.ip[AMK_GEMV_IP_ROW_COUNT]; break;
     case AMK_OP_GEMV_SILU_MUL: g.rows = in.ip[AMK_GEMV_SILU_MUL_IP_ROW_COUNT]; break;

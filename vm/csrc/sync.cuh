@@ -134,7 +134,7 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
   if (AMK_JOIN_OPS && may_join) amk_s_join = 0;
   // bytes of the prefetch ranges requested so far (INT64_MAX: all). A task whose weights stream through the ring
   // (stream.cuh: its producer copies them, possibly long before this wait) asks L2 for nothing.
-  int64_t pf_done = (AMK_TMA && !AMK_DBG_NOSTREAM && (in.flags & AMK_INSTR_FLAG_STREAM)) ? INT64_MAX : 0;
+  int64_t pf_done = amk_task_streams(in) ? INT64_MAX : 0;
   const int64_t pace = p.wait_prefetch_pace_bytes;
   for (int w = 0; w < nw; ++w) {
     const int c = in.wait_counter[w], thr = in.wait_threshold[w];
