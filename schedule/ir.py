@@ -17,7 +17,7 @@ import enum
 import json
 from typing import Any
 
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 
 
 class IRError(ValueError):
@@ -75,6 +75,10 @@ class Buffer:
     # WEIGHT only: the buffer holds columns [cols[0], cols[0] + cols[1]) of its 2-D source, stored contiguously
     # (o_proj split by KV group: each group's column block is one contiguous [n, cols] matrix)
     cols: tuple[int, int] | None = None
+    # ACTIVATION only (knob flag_hops): data-flagged fp32 -- on the device each element is an 8-byte word holding
+    # the value and the tag of the launch that wrote it, stored without a fence; readers poll the words themselves
+    # (vm/csrc/sync.cuh). The values are the same; validate.py checks who may write and read it and how.
+    flagged: bool = False
 
     @property
     def numel(self) -> int:
@@ -94,6 +98,8 @@ class Buffer:
             d["data"] = list(self.data)
         if self.cols is not None:
             d["cols"] = list(self.cols)
+        if self.flagged:
+            d["flagged"] = True
         return d
 
     @staticmethod
@@ -101,7 +107,8 @@ class Buffer:
         return Buffer(int(d["id"]), str(d["name"]), BufferKind(d["kind"]), DType(d["dtype"]),
                       tuple(int(s) for s in d["shape"]), d.get("source"), MemSpace(d.get("space", "resident")),
                       None if d.get("data") is None else [float(x) for x in d["data"]],
-                      None if d.get("cols") is None else (int(d["cols"][0]), int(d["cols"][1])))
+                      None if d.get("cols") is None else (int(d["cols"][0]), int(d["cols"][1])),
+                      bool(d.get("flagged", False)))
 
     @property
     def storage_key(self) -> tuple:
@@ -146,13 +153,20 @@ class Counter:
 class Wait:
     counter: int
     threshold: int
+    # data: the wait only orders data-flagged inputs (Buffer.flagged), which the task's op polls itself; the kernel
+    # looks at the counter once (to prefetch weights while the data is not there) and never spins on it. For memory
+    # ordering it is no happens-before edge: validate.py proves the program without it (the producer still signals)
+    data: bool = False
 
     def to_dict(self) -> dict:
-        return {"counter": self.counter, "threshold": self.threshold}
+        d = {"counter": self.counter, "threshold": self.threshold}
+        if self.data:
+            d["data"] = True
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> "Wait":
-        return Wait(int(d["counter"]), int(d["threshold"]))
+        return Wait(int(d["counter"]), int(d["threshold"]), bool(d.get("data", False)))
 
 
 @dataclasses.dataclass

@@ -42,6 +42,7 @@ import time
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait, step_name)
+from schedule.flags import apply_flag_hops
 from schedule.ops import estimate
 from schedule.placement import assign_steps as _assign
 from schedule.prefetch import mlp_prefetch, prefetch_owners
@@ -579,6 +580,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         prev = (io["next_token"], c_tok)
     b.step = 0
     b.finalize_thresholds()
+    if cfg.flag_hops:
+        apply_flag_hops(b.buffers, b.tasks)
 
     numel = lambda i: b.buffers[i].numel  # noqa: E731
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731

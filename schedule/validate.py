@@ -25,6 +25,12 @@ blocks until ``c >= t``; a block runs its SM queue in order; all blocks are co-r
    time through a ticket counter) may write their common range unordered among themselves, and only that: they
    must be identical but for dyn_index, cover indices 0..dyn_tasks-1, and no task may wait on or signal the claim.
    Races are judged with under-counted waits taken as ordering all producers (optimistic), so each one is certain.
+6. *Data-flagged activations* (``Buffer.flagged``, ``Wait.data``; knob flag_hops): a flagged buffer is an fp32
+   ACTIVATION accessed only in the (opcode, slot) pairs of ``vm.abi.FLAG_SLOTS``; each of its elements is written
+   at most once per launch (its words carry the launch's tag, so a second write could not be told from the first).
+   A data wait is no happens-before edge for memory: (5) is proved on the HB graph without those edges, except that
+   a read of a flagged element is ordered after its writer by the reader's own polling -- which needs the writer
+   to be an ancestor of the reader in the full dependency graph (4), or the poll could wait forever.
 
 Speed (11k-task llama-3.2-1b: ~1.2 s on one idle core): a counter is a graph node (P producers + W waiters = P + W edges, not
 P*W); ancestor sets are Python-int bitsets indexed by topological rank, built in topological order and freed once
@@ -174,6 +180,7 @@ class _Validator(TaskChecks):
                           waits=sum(len(t.waits) for t in p.tasks if isinstance(t, Task) and isinstance(t.waits, list)))
         if all(self.task_ok) and queues_ok:
             self._check_thresholds()
+            self._check_flag_slots()
             self._check_claim_groups()
             self._check_kv_ahead()
             if self._check_graph():
@@ -227,6 +234,8 @@ class _Validator(TaskChecks):
                                    f" values, shape {tuple(shape)} needs {self.numel[i]}")
             if kind == BufferKind.WEIGHT and (not isinstance(b.source, str) or not b.source):
                 self.err("buffer", f"{self.B(i)}: WEIGHT buffer has no source (state-dict key)")
+            if getattr(b, "flagged", False) and not (kind == BufferKind.ACTIVATION and DType(b.dtype) == DType.F32):
+                self.err("flag", f"{self.B(i)}: only fp32 ACTIVATION buffers can be data-flagged")
             cols = getattr(b, "cols", None)
             if cols is not None and not (kind == BufferKind.WEIGHT and len(shape) == 2 and isinstance(cols, tuple)
                                          and len(cols) == 2 and all(_is_int(c) for c in cols) and cols[0] >= 0
@@ -280,10 +289,13 @@ class _Validator(TaskChecks):
         for i, t in enumerate(p.tasks):
             if t.out_counter >= 0:
                 self.producers[t.out_counter].append(i)
+        self.data_waits: set[tuple[int, int]] = set()   # (task, counter): a Wait.data, no HB edge for memory
         for j, t in enumerate(p.tasks):
             for w in t.waits:
                 c, P = w.counter, len(self.producers[w.counter])
                 self.waiters[c].add(j)
+                if getattr(w, "data", False):
+                    self.data_waits.add((j, c))
                 if 0 < P <= w.threshold:
                     self.binding[j].add(c)
                 if t.out_counter == c:
@@ -301,6 +313,31 @@ class _Validator(TaskChecks):
         for c in range(len(p.counters)):
             if not self.producers[c] and not self.waiters[c] and c not in claims:
                 self.warnings.append(f"{self.C(c)} is never signalled nor waited on")
+
+    def _check_flag_slots(self) -> None:
+        """A flagged buffer only where the kernel reads / writes the flagged layout (vm.abi.FLAG_SLOTS, with the
+        params that must be 0 there), and a data wait only in a task that reads some flagged buffer."""
+        from vm.abi import FLAG_SLOTS
+        p = self.p
+        self.flagged = {i for i, b in enumerate(p.buffers) if getattr(b, "flagged", False)}
+        for i, t in enumerate(p.tasks):
+            reads_flag = False
+            for a in self.acc.get(i, ()):
+                if a.buffer not in self.flagged:
+                    continue
+                reads_flag = reads_flag or not a.write
+                need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
+                if need is None:
+                    self.err("flag", f"{self.T(i)}: slot '{a.slot}' is {self.B(a.buffer)}, which is data-flagged; "
+                                     f"the kernel's {t.op} reads / writes plain fp32 there (flagged slots: "
+                                     f"{', '.join(f'{o}.{s}' for o, d in FLAG_SLOTS.items() for s in d)})")
+                for k in need or ():
+                    if int(t.params.get(k, 0)):
+                        self.err("flag", f"{self.T(i)}: slot '{a.slot}' is the data-flagged {self.B(a.buffer)}, "
+                                         f"which the kernel supports only with {k} = 0 (got {t.params.get(k)})")
+            if not reads_flag and any(getattr(w, "data", False) for w in t.waits):
+                self.err("flag", f"{self.T(i)} has a data wait (Wait.data) but reads no data-flagged buffer: nothing "
+                                 f"would make it wait")
 
     def _check_kv_ahead(self) -> None:
         """early_kv 2 (an attention task's KV history issued by the task before it in its queue): that task must
@@ -462,6 +499,14 @@ class _Validator(TaskChecks):
             smask[st] = smask.get(st, 0) | 1 << rank[i]
         before = {st: sum(m for t, m in smask.items() if t < st) for st in smask}   # rank bits of earlier steps
         self.wranges: dict[int, dict[int, list]] = {}    # buffer -> rank -> written ranges
+        flagged = getattr(self, "flagged", set())
+        for b in flagged & set(by_buf):   # a flagged element: one write per launch (its tag names the launch only)
+            ws = sorted((lo, hi, i) for i, lo, hi, wr, _ in by_buf[b] if wr)
+            for (lo0, hi0, i0), (lo1, hi1, i1) in zip(ws, ws[1:]):
+                if lo1 < hi0:
+                    self.err("flag-rewrite", f"{self.T(i0)} and {self.T(i1)} both write the data-flagged "
+                                             f"{self.B(b)} around [{lo1}, {min(hi0, hi1)}): a flagged element may be "
+                                             f"written once per launch (a reader cannot tell two writes apart)")
         for b, accs in by_buf.items():
             groups: dict[tuple[int, int], list[int]] = {}    # (lo, hi) -> [writer, reader, accumulator mask]
             wr_b = self.wranges.setdefault(b, {})
@@ -495,28 +540,50 @@ class _Validator(TaskChecks):
             if gap is not None:
                 self.err("uninit", f"{self.B(b)}: output element {gap} is never written in the step")
         uses = [len(s) for s in self.succ]
+        # anc: happens-before ancestors for memory (data waits are no edge: the producer's release is not acquired);
+        # full: every dependency edge -- a flagged read is ordered after its writer by polling, which terminates
+        # only if the writer is a dependency ancestor of the reader
         anc: dict[int, int] = {}
+        full: dict[int, int] = {}
+        data = getattr(self, "data_waits", set())
         self.read_after_write: set[tuple[int, int]] = set()   # (task, buffer): some read has an earlier writer
         memo: dict[tuple, int | None] = {}
         reported: set[tuple[int, int, int]] = set()
         checked = 0
         for v in self.order:
-            m = 0
+            m = mf = 0
             for u in self.preds[v]:
-                m |= anc[u] | (1 << rank[u] if u < n else 0)
+                bit = 1 << rank[u] if u < n else 0
+                if data:
+                    mf |= full[u] | bit
+                if not (u >= n and (v, u - n) in data):
+                    m |= anc[u] | bit
                 uses[u] -= 1
                 if not uses[u]:
                     del anc[u]
+                    full.pop(u, None)
             if uses[v]:
                 anc[v] = m
+                if data:
+                    full[v] = mf
+            if not data:
+                mf = m
             if v >= n or not per_task[v]:
                 continue
             r = rank[v]
             unordered = ((1 << r) - 1) & ~m        # earlier in the order and not an ancestor
             for b, lo, hi, wr, ac, conf, wmask in per_task[v]:
                 checked += 1
+                if b in flagged and not wr:   # a flagged read: its writers must be dependency ancestors
+                    late = wmask & ~mf
+                    if late:
+                        u = task_order[(late & -late).bit_length() - 1]
+                        self.err("flag-order", f"{self.T(v)} polls the data-flagged {self.B(b)} around [{lo}, {hi}),"
+                                               f" which {self.T(u)} writes without being a dependency ancestor of "
+                                               f"it: the poll could wait forever")
+                    conf &= ~(wmask & mf)
                 if not wr or ac:   # an accumulation reads what it adds to
-                    aw = wmask & m
+                    aw = wmask & (mf if b in flagged else m)
                     if self.kinds[b] == BufferKind.KV_CACHE and v in kstep:
                         aw &= smask[kstep[v]]   # the row at pos: this step's append
                         late = wmask & before[kstep[v]] & ~m   # the history rows earlier steps of the launch append

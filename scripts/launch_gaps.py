@@ -55,7 +55,7 @@ def main():
     def old_style():  # the step before this session: fill token, fill pos, zero counters + status, then launch
         vm._set(vm.token, toks[next(it) % 50])
         vm._set(vm.pos, a.ctx)
-        vm.sync.zero_()
+        vm.reset_sync()
         vm.launch_async()
     rows["old-style step (fill, fill, memset, launch)"] = cuda_time_us(old_style, iters=50, repeats=7, warmup=5)["us"]
     vm.check_status()

@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 # Caps of the fixed-size instruction POD.
 MAX_WAITS = 4
@@ -28,8 +28,20 @@ MAX_FPARAMS = 4
 MAX_PREFETCH = 2
 
 # Buffer dtype codes shared by the IR, the loader and the device code.
-DTYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4}
+DTYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3, "f32x": 4}
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "f32x": 8}
+# "f32x" is a device storage type only: a data-flagged fp32 activation (Buffer.flagged, knob flag_hops), element i
+# the 8-byte word bits(value) | tag << 32, the tag saying which launch wrote it (vm/csrc/sync.cuh). Its producers
+# store each word relaxed with no fence and its readers poll the words themselves instead of a counter.
+# FLAG_SLOTS: the (opcode, slot) pairs whose kernel code reads or writes such a buffer, with the params that must be 0
+# for it (GEMV: a merged-partials x, or y accumulated with atomics, cannot be flagged). The validator refuses a flagged
+# buffer anywhere else, so a kernel op never reads the words as plain floats.
+FLAG_SLOTS = {
+    "GEMV": {"x": ("x_splits",), "residual": (), "y": ("accumulate",)},
+    "GEMV_SILU_MUL": {"x": (), "h": ()},
+    "QKV_ROPE": {"x": ()},
+    "ATTN_MERGE": {"out": ()},
+}
 
 # AmkBufDesc.kind codes (BufferKind values of schedule/ir.py)
 KIND_CODES = {"weight": 0, "activation": 1, "kv_cache": 2, "io_input": 3, "io_output": 4, "const": 5}
@@ -46,6 +58,9 @@ INSTR_FLAG_PRELOAD = 2  # the whole weight tile is bulk-copied into the preload 
 INSTR_FLAG_KV_AHEAD = 4  # the NEXT task of this queue is an attention task with early_kv 2: this task's non-waiting
                          # threads issue that task's first KV history tiles before its own wait (amk_kv_ahead,
                          # vm/csrc/ops_attention_mma.cuh)
+INSTR_FLAG_WAIT_DATA0 = 16  # (16 << w) for wait w: that wait only orders data-flagged inputs, which the op polls
+                            # itself (Wait.data, knob flag_hops): the task loop looks at its counter once, issues the
+                            # wait prefetch if it is unmet, and does not spin on it (vm/csrc/sync.cuh)
 
 # QKV_ROPE modes. RAW: the projected rows as they are (no QK-norm, no RoPE) into an fp32 activation laid out like q;
 # QK_NORM_ROPE finishes them (models with QK-norm whose QKV tasks are split below whole heads).
@@ -253,6 +268,7 @@ def render_header() -> str:
         L.append(f"#define AMK_ERR_{nm} {code}")
     L += ["", f"#define AMK_INSTR_FLAG_STREAM {INSTR_FLAG_STREAM}",
           f"#define AMK_INSTR_FLAG_PRELOAD {INSTR_FLAG_PRELOAD}", f"#define AMK_INSTR_FLAG_KV_AHEAD {INSTR_FLAG_KV_AHEAD}",
+          f"#define AMK_INSTR_FLAG_WAIT_DATA0 {INSTR_FLAG_WAIT_DATA0}",
           f"#define AMK_QKV_MODE_Q {QKV_MODE_Q}", f"#define AMK_QKV_MODE_K {QKV_MODE_K}",
           f"#define AMK_QKV_MODE_V {QKV_MODE_V}", f"#define AMK_QKV_MODE_RAW {QKV_MODE_RAW}", ""]
     for op in _OPS:

@@ -36,7 +36,8 @@ import numpy as np
 from schedule.ir import BufferKind, MegakernelProgram, find_weight, name_step, step_name
 from vm import abi
 from vm.pack import (  # noqa: F401 (AbiMismatchError: re-exported with the errors the VM raises)
-    DTYPE_DETAILS, IO_ADVANCE, IO_POS, IO_TOKEN, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN, AbiMismatchError,
+    DTYPE_DETAILS, FLAG_DETAIL, IO_ADVANCE, IO_POS, IO_TOKEN, PRELOAD_DETAIL, STATIC_SMEM_RESERVE, STATUS_LEN,
+    AbiMismatchError,
     MegakernelError, check_layout, device_dtype, launch_knobs, pack_buffers, pack_instructions, pack_queues,
     prefetch_cap_bytes, preload_buffer_bytes, ring_shrink_note, select_build, static_checks)
 from vm.smem import _pad4, kv_region_bytes
@@ -177,6 +178,8 @@ class MegakernelVM:
                 t = torch.tensor(b.data, dtype=tdt).view(b.shape).to(dev)
             elif b.kind == BufferKind.KV_CACHE:
                 t = torch.zeros(b.shape, dtype=tdt, device=dev)
+            elif getattr(b, "flagged", False):   # 8-byte words: value | launch tag << 32 (tag 0: never written)
+                t = torch.zeros(max(1, b.numel), dtype=torch.int64, device=dev)
             else:
                 t = torch.zeros(max(1, b.numel), dtype=tdt, device=dev)
             self.tensors[b.id] = t
@@ -286,12 +289,29 @@ class MegakernelVM:
             torch.cuda.current_stream().synchronize()
         st = self.status.cpu().tolist()
         code, task, opcode, detail, sm = st[:5]
-        if code == abi.STATUS_OK and not any(st[5:]):
+        if code == abi.STATUS_OK and not any(st[5:7]):
             return
         msg = (self._describe(code, task, opcode, detail, sm) if code != abi.STATUS_OK else
-               f"megakernel status words {st[5:]} (abort flag, exit count) not clear after a launch without an error")
-        self.sync.zero_()   # counters, abort flag, exit count: an aborted launch leaves them for this report
+               f"megakernel status words {st[5:7]} (abort flag, exit count) not clear after a launch without an error")
+        self.reset_sync()   # counters, abort flag, exit count: an aborted launch leaves them for this report
         raise MegakernelError(msg)
+
+    def reset_sync(self) -> None:
+        """Zero the counters and status words -- the launch epoch too -- and with it every data-flagged buffer
+        (flag_hops): an aborted launch may have left words tagged for an epoch the next launches would count again."""
+        self.sync.zero_()
+        for b in self.program.buffers:
+            if getattr(b, "flagged", False):
+                self.tensors[b.id].zero_()
+
+    def read_activation(self, name: str):
+        """An activation's values as fp32 (a copy; a data-flagged buffer's words decoded: their low 32 bits)."""
+        import torch
+        b = self.program.buffer(name)
+        t = self.tensors[b.id]
+        if getattr(b, "flagged", False):
+            return (t & 0xFFFFFFFF).to(torch.int32).view(torch.float32).clone()
+        return t.clone()
 
     def _describe(self, code, task, opcode, detail, sm) -> str:
         spec = abi.OPCODE_BY_CODE.get(opcode)
@@ -305,6 +325,9 @@ class MegakernelVM:
         if code == abi.STATUS_TIMEOUT and detail == PRELOAD_DETAIL:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} waited for its preloaded weight "
                     f"tile (bulk copy never completed)")
+        if code == abi.STATUS_TIMEOUT and detail == FLAG_DETAIL:
+            return (f"megakernel wait timeout after {self.timeout_s:g} s: {where} polled a data-flagged input "
+                    f"(flag_hops) that never carried this launch's tag (its producer never wrote it)")
         stages = self.ring_bytes // max(1, int(self.build_info.get("stage_bytes", 1))) if self.ring_bytes else 0
         if code == abi.STATUS_TIMEOUT and detail < 0 and stages and -1 - detail >= stages:
             return (f"megakernel wait timeout after {self.timeout_s:g} s: the weight ring's producer, issuing {where}'s "
@@ -383,7 +406,7 @@ class MegakernelVM:
             self._set(self.token, first_token)
         if start_pos is not None:
             self._set_pos(start_pos)
-        self.sync.zero_()   # status (sticky errors) and counters: a launch that failed unchecked left both
+        self.reset_sync()   # status (sticky errors) and counters: a launch that failed unchecked left both
         out = torch.empty(n_run, dtype=torch.int32, device=self.device)
         entry = self._graphs.get(n_tokens) if use_graph else None
         if entry is not None:

@@ -21,6 +21,7 @@ IO_TOKEN, IO_POS, IO_ADVANCE = 1, 2, 4   # AMK_IO_* (amk_launch.h): the launch's
 STATIC_SMEM_RESERVE = 2048     # bytes of static shared memory of the kernel (704 B measured) + margin
 DTYPE_DETAILS = {-200 - code: name for name, code in abi.DTYPE_CODES.items()}   # AMK_DTYPE_DETAIL - dtype (common.cuh)
 PRELOAD_DETAIL = -100         # AMK_PRELOAD_DETAIL (vm/csrc/preload.cuh): TIMEOUT detail of the preload barrier
+FLAG_DETAIL = -101            # AMK_FLAG_DETAIL (vm/csrc/sync.cuh): TIMEOUT detail of a data-flagged input's poll
 L2_PREFETCH_FRACTION = 0.5     # default share of L2 the look-ahead prefetch window may take (all blocks)
 
 
@@ -65,6 +66,12 @@ def device_dtype(b) -> DType:
     if b.kind in (BufferKind.WEIGHT, BufferKind.KV_CACHE, BufferKind.CONST):
         return b.dtype
     return DType.I32 if b.dtype == DType.I32 else DType.F32
+
+
+def device_code(b) -> str:
+    """The buffer's device storage type name (a key of abi.DTYPE_CODES): device_dtype's, or 'f32x' for a
+    data-flagged activation (8 bytes per element: value | launch tag << 32, vm/csrc/sync.cuh)."""
+    return "f32x" if getattr(b, "flagged", False) else device_dtype(b).value
 
 
 def _int_knobs(config, *names: str) -> list[int]:
@@ -123,6 +130,8 @@ def pack_instructions(program: MegakernelProgram, buffer_ptr: Callable[[int], in
         r["op"], r["out_counter"], r["n_waits"], r["n_bufs"] = spec.code, t.out_counter, len(t.waits), len(slots)
         for k, w in enumerate(t.waits):
             r["wait_counter"][k], r["wait_threshold"][k] = w.counter, w.threshold
+            if w.data:   # the op polls its data-flagged inputs itself (flag_hops)
+                r["flags"] |= abi.INSTR_FLAG_WAIT_DATA0 << k
         r["buf"][:len(slots)] = slots
         r["ip"][:len(spec.iparams)] = [int(t.params.get(n, 0)) for n in spec.iparams]
         r["fp"][:len(spec.fparams)] = [float(t.params.get(n, 0.0)) for n in spec.fparams]
@@ -199,7 +208,7 @@ def pack_buffers(program: MegakernelProgram, buffer_ptr: Callable[[int], int]) -
     out = np.zeros(len(program.buffers), dtype=abi.BUFDESC_DTYPE)
     for i, b in enumerate(program.buffers):
         out[i]["ptr"], out[i]["numel"] = buffer_ptr(b.id), b.numel
-        out[i]["dtype"], out[i]["kind"] = abi.DTYPE_CODES[device_dtype(b).value], KIND_CODES[b.kind]
+        out[i]["dtype"], out[i]["kind"] = abi.DTYPE_CODES[device_code(b)], KIND_CODES[b.kind]
     return out
 
 

@@ -475,6 +475,26 @@ def _check_step_placement(p, v):
     assert all(q == sorted(q, key=lambda i: (i // k, q.index(i))) for q in p.queues)
 
 
+def _check_flag_hops(p, v):
+    """The residual stream after layer 0's input, the MLP's h and the merged attention output are flagged; the
+    GEMV-family tasks reading them wait on data, the attention side and x0 (EMBED writes it) keep their counters."""
+    assert v is True and not any(b.flagged for b in BASE.buffers)
+    L = C.n_layers
+    want = {f"attn{l}" for l in range(L)} | {f"xmid{l}" for l in range(L)} | {f"h{l}" for l in range(L)} | \
+        {f"x{l}" for l in range(1, L + 1)}
+    assert {b.name for b in p.buffers if b.flagged} == want
+    fam = lambda t: t.label.split(".")[1].split("[")[0] if "." in t.label else t.label  # noqa: E731
+    for t in p.tasks:
+        data = {w.data for w in t.waits}
+        layer0_qkv = t.label.startswith("L0.") and fam(t) in ("q", "k", "v")
+        if fam(t) in ("o_proj", "gate_up", "down") or t.label.startswith("lm_head") or \
+                (fam(t) in ("q", "k", "v") and not layer0_qkv):
+            assert data == {True}, t.label
+        else:
+            assert data <= {False}, t.label
+    assert _structure(p.__class__.from_dict({**p.to_dict()})) == _structure(p)   # the flags survive JSON
+
+
 STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_head_rows": _check_lm_head_rows,
               "qkv_heads": _check_qkv_heads, "qkv_head_split": _check_qkv_head_split, "attn_splits": _check_attn_splits,
               "sm_assignment": _check_sm_assignment, "num_sms": _check_num_sms, "fuse_norm": _check_fuse_norm,
@@ -487,7 +507,7 @@ STRUCTURAL = {"gemv_rows": _check_gemv_rows, "mlp_rows": _check_mlp_rows, "lm_he
               "split_argmax": _check_split_argmax, "argmax_in_lm_head": _check_argmax_in_lm_head, "attn_wait": _check_attn_wait,
               "o_proj_by_group": _check_o_proj_by_group, "fuse_down": _check_fuse_down,
               "fold_qk_norm": _check_fold_qk_norm, "steps_per_launch": _check_steps_per_launch,
-              "step_placement": _check_step_placement}
+              "step_placement": _check_step_placement, "flag_hops": _check_flag_hops}
 
 
 def test_every_knob_has_an_alternative_value():

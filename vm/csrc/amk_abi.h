@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
-#define AMK_ABI_VERSION 9
+#define AMK_ABI_VERSION 10
 #define AMK_MAX_WAITS 4
 #define AMK_MAX_BUFS 10
 #define AMK_MAX_IPARAMS 16
@@ -14,6 +14,7 @@
 #define AMK_DTYPE_BF16 1
 #define AMK_DTYPE_F16 2
 #define AMK_DTYPE_I32 3
+#define AMK_DTYPE_F32X 4
 
 #define AMK_KIND_WEIGHT 0
 #define AMK_KIND_ACTIVATION 1
@@ -35,6 +36,7 @@
 #define AMK_INSTR_FLAG_STREAM 1
 #define AMK_INSTR_FLAG_PRELOAD 2
 #define AMK_INSTR_FLAG_KV_AHEAD 4
+#define AMK_INSTR_FLAG_WAIT_DATA0 16
 #define AMK_QKV_MODE_Q 0
 #define AMK_QKV_MODE_K 1
 #define AMK_QKV_MODE_V 2

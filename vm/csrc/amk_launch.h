@@ -9,7 +9,10 @@
 // Index of the exit count: blocks that have finished this launch (the last one resets the counters, megakernel.cu
 // amk_exit; back to 0 between launches).
 #define AMK_STATUS_EXITS (AMK_STATUS_WORDS + 1)
-// Length of the status array the host allocates (report words + abort flag + exit count, padded).
+// Index of the launch epoch: launches completed since the sync array was last cleared (the last block out adds one,
+// megakernel.cu amk_exit). The launch's tag of data-flagged activations is epoch + 1 (sync.cuh, knob flag_hops).
+#define AMK_STATUS_EPOCH (AMK_STATUS_WORDS + 2)
+// Length of the status array the host allocates (report words + abort flag + exit count + epoch).
 #define AMK_STATUS_LEN 8
 
 // AmkParams.io_flags: what this launch takes from its params instead of the IO buffers, and what its last block

@@ -143,7 +143,8 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
 // the barrier; acquire: every earlier block's). The LAST block out (every task of the launch is done) then does
 // the bookkeeping that used to be separate stream operations before each launch, so a decode step is one launch:
 //   * resets the counters to 0 for the next launch (the host's memset before each launch: ~3 us of stream gap
-//     per step on an H100, scripts/launch_gaps.py), and the exit count itself;
+//     per step on an H100, scripts/launch_gaps.py), and the exit count itself; advances the launch epoch (the
+//     tag of the next launch's data-flagged activations, sync.cuh);
 //   * stores the launch's given token / positions into their buffers (AMK_IO_TOKEN / AMK_IO_POS: pos[s] = in_pos
 //     + s for its n_steps steps), or with AMK_IO_ADVANCE feeds the last step's output back: token =
 //     next_token[n_steps-1], pos[s] = position + n_steps + s, and next_token[0..n_steps) into out_token (the
@@ -165,6 +166,9 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   for (int i = amk_tid(); i < p.n_counters; i += AMK_THREADS) p.counters[i] = 0;
   if (amk_tid() == 0) {
     p.status[AMK_STATUS_EXITS] = 0;
+    // the next launch's data-flag tag is epoch + 1: never 0, which zeroed flagged buffers carry
+    const unsigned e = (unsigned)p.status[AMK_STATUS_EPOCH] + 1u;
+    p.status[AMK_STATUS_EPOCH] = (int)(e == 0xFFFFFFFFu ? 0u : e);
     const int f = p.io_flags, n = p.n_steps;
     if (f & AMK_IO_ADVANCE) {  // (binding.cpp checks that flags come with the addresses)
       const int p0 = ((f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos) + n;
@@ -223,7 +227,10 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   static_assert(sizeof(AmkInstr) % 4 == 0, "AmkInstr must be a whole number of words");
   constexpr int kWords = (int)(sizeof(AmkInstr) / 4);
   unsigned char* pre_buf = amk_dyn_smem + AMK_RING_BYTES;
-  if (amk_tid() == 0) amk_ring_init(s_ring, s_bars, s_ebars, amk_dyn_smem);
+  if (amk_tid() == 0) {
+    amk_ring_init(s_ring, s_bars, s_ebars, amk_dyn_smem);
+    amk_s_tag = (uint32_t)__ldcg(p.status + AMK_STATUS_EPOCH) + 1u;  // data-flagged words of this launch (sync.cuh)
+  }
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
   __syncthreads();  // (every thread of the block, the ring's producer warp too)
   if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done

@@ -402,11 +402,11 @@ __device__ __noinline__ void amk_op_attn_merge(const AmkCtx& c) {
   const int kvh = in.ip[AMK_ATTN_MERGE_IP_KV_HEAD], G = in.ip[AMK_ATTN_MERGE_IP_GROUP];
   const int D = in.ip[AMK_ATTN_MERGE_IP_HEAD_DIM], ns = in.ip[AMK_ATTN_MERGE_IP_N_SPLITS];
   const float* part = (const float*)amk_ptr(c, AMK_ATTN_MERGE_IN_PARTIAL);  // [n_kv, ns, G, D+2]
-  float* out = (float*)amk_ptr(c, AMK_ATTN_MERGE_N_REQUIRED_IN);
+  const AmkOut out = amk_out(c, AMK_ATTN_MERGE_N_REQUIRED_IN);
   const float* base = part + (int64_t)kvh * ns * G * (D + 2);
   if (!amk_join(c)) return;  // a joined task (sync.cuh) waits here for the partials
   for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
     const int g = idx / D;
-    out[(int64_t)kvh * G * D + idx] = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true);
+    out.put((int64_t)kvh * G * D + idx, amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true));
   }
 }

@@ -4,6 +4,7 @@
 //   RMSNORM: y = x * (1/sqrt(mean(x^2) + eps)) * w                    (x, y: fp32 [n]; w: any dtype [n])
 #pragma once
 #include "common.cuh"
+#include "sync.cuh"
 
 // The fused RMSNorm weight of a task: its slot and length K, or -1 (no norm).
 __device__ __forceinline__ int amk_norm_slot(const AmkInstr& in, int& K) {
@@ -90,13 +91,37 @@ __device__ __forceinline__ int amk_xpos(int e, int K, bool split) {
 // products by r (W . (x * nw) * r == W . rmsnorm(x)), so staging costs one round trip and ONE barrier -- the sum
 // of squares is reduced per warp before it and summed by every thread after it, in warp order (deterministic).
 // split (amk_x_split): xs in the split layout above, for the GEMV loop over 2-byte weights.
+// flagged: x is a data-flagged buffer (sync.cuh; x then points at its 8-byte words): every thread polls its own
+// elements until they carry the launch's tag -- the wait and the load in one -- and a failed poll (abort, timeout)
+// leaves *c.flag set after the barrier: the caller returns at once.
 //                                                                                      x: fp32 [K] global
 __device__ __forceinline__ float amk_stage_x(const AmkCtx& c, const float* x, int K, float* xs, const float* nw_s,
-                                             float eps, bool split = false) {
+                                             float eps, bool split = false, bool flagged = false) {
   xs = amk_in_smem(xs);
   float* red = c.red;  // static shared scratch: warp partials of the sum of squares
   float ss = 0.f;
-  if ((K & 3) == 0 && amk_aligned16(x)) {
+  if (flagged) {
+    const uint64_t* xw = (const uint64_t*)x;
+    const bool v4 = (K & 3) == 0 && amk_aligned16(xw);
+    const int half = split ? (K >> 3) : 0;
+    for (int i = amk_tid(); i < (v4 ? (K >> 2) : K); i += AMK_THREADS) {
+      if (v4) {
+        float4 v;
+        if (!amk_ld_flagged4(c, xw + 4 * i, v)) break;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        if (nw_s != nullptr) {
+          const float4 w = ((const float4*)amk_in_smem(nw_s))[i];
+          v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+        }
+        ((float4*)xs)[split ? (i & 1) * half + (i >> 1) : i] = v;
+      } else {
+        float v;
+        if (!amk_ld_flagged1(c, xw + i, v)) break;
+        ss += v * v;
+        xs[amk_xpos(i, K, split)] = nw_s != nullptr ? v * amk_in_smem(nw_s)[i] : v;
+      }
+    }
+  } else if ((K & 3) == 0 && amk_aligned16(x)) {
     const float4* x4 = (const float4*)x;
     float4* xs4 = (float4*)xs;
     const int half = split ? (K >> 3) : 0;  // split: float4 i (elements 4i..4i+3) of chunk i/2 -> its half's array

@@ -354,7 +354,7 @@ __device__ __forceinline__ void amk_gemv_rows(const AmkCtx& c, const char* const
 template <class T>
 __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int r0, int rn, int K,
                                            const char* wbase, const void* bias, int bias_dt, const float* res_s,
-                                           float* y, float* ycopy, float2* pair, float xr, bool accumulate) {
+                                           AmkOut y, float* ycopy, float2* pair, float xr, bool accumulate) {
   const char* W[1] = {wbase + (size_t)r0 * K * T::BYTES};
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -362,8 +362,8 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
     float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
     if (res_s) v += res_s[r];
-    if (accumulate) atomicAdd(y + r0 + r, v);
-    else y[r0 + r] = v;
+    if (accumulate) atomicAdd(y.p + r0 + r, v);
+    else y.put(r0 + r, v);
     if (ycopy) ycopy[r0 + r] = v;
     if (pair && amk_argmax_better(v, r0 + r, bv, bi)) { bv = v; bi = r0 + r; }
   });
@@ -459,12 +459,19 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   AmkGeom g;
   float* tail = xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0);
   float* res_s = has_res ? tail : nullptr;
+  const bool res_flag = has_res && amk_slot_flagged(c, s_res), x_flag = amk_slot_flagged(c, AMK_GEMV_IN_X);
   if (has_res) {  // issued together with the x loads below: one round trip instead of one more at the end
-    const float* res = (const float*)amk_ptr(c, s_res);
-    for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
+    if (res_flag) {  // (a failed poll sets *c.flag: checked after the staging's barrier)
+      const uint64_t* res = (const uint64_t*)amk_ptr(c, s_res) + r0;
+      for (int i = amk_tid(); i < rn; i += AMK_THREADS)
+        if (!amk_ld_flagged1(c, res + i, res_s[i])) break;
+    } else {
+      const float* res = (const float*)amk_ptr(c, s_res);
+      for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
+    }
     tail += amk_pad4(rn);
   }
-  const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X) + in.ip[AMK_GEMV_IP_X_START];
+  const float* x = (const float*)amk_elem_ptr(c, AMK_GEMV_IN_X, in.ip[AMK_GEMV_IP_X_START]);
   const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   if (AMK_GROUP_EARLY && in.ip[AMK_GEMV_IP_X_SPLITS] > 0 && in.ip[AMK_GEMV_IP_ACCUMULATE] != 0 && !has_bias &&
@@ -486,10 +493,11 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     amk_stage_merged_x(c, x, K, in.ip[AMK_GEMV_IP_X_SPLITS], in.ip[AMK_GEMV_IP_X_GROUP],
                        in.ip[AMK_GEMV_IP_X_HEAD_DIM], xs, tail, split);
   else
-    xr = amk_stage_x(c, x, K, xs, has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_FP_EPS], split);
+    xr = amk_stage_x(c, x, K, xs, has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_FP_EPS], split, x_flag);
+  if ((x_flag || res_flag) && *c.flag) return;  // a flagged input's poll stopped (the task loop exits)
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
-  float* y = (float*)amk_ptr(c, s_y);
+  const AmkOut y = amk_out(c, s_y);
   float* ycopy = has_copy ? (float*)amk_ptr(c, s_y + 1) : nullptr;
   float2* pair = has_argmax ? (float2*)amk_ptr(c, s_y + 1 + (has_copy ? 1 : 0)) + in.ip[AMK_GEMV_IP_ARGMAX_SLOT]
                             : nullptr;
@@ -517,7 +525,7 @@ __shared__ volatile int amk_s_drained;
 // Per row the arithmetic of the static tile loop (one warp per row, amk_dot + warp sums).
 template <class T>
 __device__ __forceinline__ void amk_silu_warp_claims(const AmkCtx& c, const float* xs, int r0, int K, const char* g0,
-                                                     const char* u0, float* h, float xr, int a0, int n0,
+                                                     const char* u0, AmkOut h, float xr, int a0, int n0,
                                                      int own_end, int n_tk, int* ctr) {
   const int warp = amk_warp(), lane = amk_lane();
   const size_t rs = (size_t)K * T::BYTES;
@@ -537,7 +545,7 @@ __device__ __forceinline__ void amk_silu_warp_claims(const AmkCtx& c, const floa
       amk_dot<T, 2, AMK_U2>(rows, xsm, K, vec, lane, 32, src, acc);
       acc[0] = amk_warp_sum(acc[0]);
       acc[1] = amk_warp_sum(acc[1]);
-      if (lane == 0) h[r0 + r] = amk_silu_mul(acc, xr);
+      if (lane == 0) h.put(r0 + r, amk_silu_mul(acc, xr));
     }
     if (draw) {
       tk = __shfl_sync(0xffffffffu, tk, 0);
@@ -557,12 +565,12 @@ __device__ __forceinline__ void amk_silu_warp_claims(const AmkCtx& c, const floa
 // per row, whichever member computes it.
 template <class T>
 __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int r0, int rn, int K, const char* g0,
-                                           const char* u0, float* h, float xr) {
+                                           const char* u0, AmkOut h, float xr) {
   auto tile = [&](int a, int n) {
     const size_t off = (size_t)a * K * T::BYTES;
     const char* W[2] = {g0 + off, u0 + off};
     amk_gemv_rows<T, 2>(c, W, K, n, xs, c.smem + amk_pad4(K),
-                        [&](int r, const float (&v)[2]) { h[a + r] = amk_silu_mul(v, xr); });
+                        [&](int r, const float (&v)[2]) { h.put(a + r, amk_silu_mul(v, xr)); });
   };
   const AmkInstr& in = *c.ins;
   const int dr = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_ROWS];
@@ -610,10 +618,12 @@ __device__ __noinline__ void amk_op_gemv_silu_mul(const AmkCtx& c) {
   const int s_h = s;
   float* xs = c.smem;  // [pad4(K)] | stash (streamed tasks)
   if (amk_tid() == 0) amk_s_drained = 0;  // (claim groups; the staging below ends with a barrier)
+  const bool x_flag = amk_slot_flagged(c, AMK_GEMV_SILU_MUL_IN_X);
   const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_X), K, xs,
                                has_norm ? c.nw : nullptr, in.fp[AMK_GEMV_SILU_MUL_FP_EPS],
-                               amk_x_split(c, AMK_GEMV_SILU_MUL_IN_W_GATE, K));
-  float* h = (float*)amk_ptr(c, s_h);
+                               amk_x_split(c, AMK_GEMV_SILU_MUL_IN_W_GATE, K), x_flag);
+  if (x_flag && *c.flag) return;  // the flagged input's poll stopped (the task loop exits)
+  const AmkOut h = amk_out(c, s_h);
   const char* g0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_GATE);
   const char* u0 = (const char*)amk_ptr(c, AMK_GEMV_SILU_MUL_IN_W_UP);
   // gate and up share the program's dtype; the gate's descriptor decides.

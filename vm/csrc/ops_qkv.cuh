@@ -65,8 +65,11 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   }
   float* xs = c.smem;
   float* ys = xs + amk_pad4(K);
+  const bool x_flag = amk_slot_flagged(c, AMK_QKV_ROPE_IN_X);
   const float xr = amk_stage_x(c, (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_X), K, xs, has_norm ? c.nw : nullptr,
-                               in.fp[AMK_QKV_ROPE_FP_EPS], amk_x_split(c, AMK_QKV_ROPE_IN_W, K));  // ys = (W . xs) * xr
+                               in.fp[AMK_QKV_ROPE_FP_EPS], amk_x_split(c, AMK_QKV_ROPE_IN_W, K),
+                               x_flag);  // ys = (W . xs) * xr
+  if (x_flag && *c.flag) return;  // the flagged input's poll stopped (the task loop exits)
   const void* bias = has_bias ? amk_ptr(c, s_bias) : nullptr;
   const int bias_dt = has_bias ? amk_dtype(c, s_bias) : 0;
   const int row0 = h0 * hd;

@@ -122,6 +122,101 @@ __device__ __noinline__ int64_t amk_wait_pf(const AmkParams& p, const AmkInstr& 
 __shared__ int amk_s_join;
 __shared__ const int32_t* amk_s_join_next;
 
+// ---------------------------------------------------------------------------------------------------------------
+// Data-flagged activations (knob flag_hops; schedule/validate.py proves the rules). A flagged fp32 buffer
+// (AMK_DTYPE_F32X) holds element i as the 8-byte word bits(value) | tag << 32. Its producer stores each word with
+// one relaxed 8-byte store (no fence, no counter wait downstream); a reader polls the words it needs until each
+// carries this launch's tag, so the data and its readiness arrive in one round trip (NCCL's "LL" idea; the
+// seventeenth session's hop_micro: a hop -0.4 us alone, -1.9 us while other SMs stream). The tag is the launch
+// epoch + 1 (status word AMK_STATUS_EPOCH, advanced by each launch's last block, amk_exit), so every word of the
+// last launch is stale, and the validator lets each flagged element be written at most once per launch. A task's
+// waits that only order such data (AMK_INSTR_FLAG_WAIT_DATA0 << w) do not spin: amk_wait_all looks at the
+// counter once and, if unmet, asks L2 for the task's weights as any wait does; the producer still signals it.
+// ---------------------------------------------------------------------------------------------------------------
+__shared__ uint32_t amk_s_tag;  // this launch's tag (thread 0 sets it before the kernel's first barrier)
+#define AMK_FLAG_DETAIL (-101)  // TIMEOUT detail word: a flagged input never got this launch's tag (vm/pack.py)
+
+__device__ __forceinline__ void amk_st_flag(float* base, int64_t i, float v) {
+  const uint64_t w = ((uint64_t)amk_s_tag << 32) | (uint64_t)__float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"((uint64_t*)base + i), "l"(w) : "memory");
+}
+// An output slot: plain fp32 (tag 0) or data-flagged.
+struct AmkOut {
+  float* p;
+  bool flagged;
+  __device__ __forceinline__ void put(int64_t i, float v) const {
+    if (flagged) amk_st_flag(p, i, v);
+    else p[i] = v;
+  }
+};
+__device__ __forceinline__ bool amk_slot_flagged(const AmkCtx& c, int slot) {
+  return amk_dtype(c, slot) == AMK_DTYPE_F32X;
+}
+__device__ __forceinline__ AmkOut amk_out(const AmkCtx& c, int slot) {
+  return AmkOut{(float*)amk_ptr(c, slot), amk_slot_flagged(c, slot)};
+}
+// Element e of an fp32 slot, plain (4 bytes) or flagged (8).
+__device__ __forceinline__ const void* amk_elem_ptr(const AmkCtx& c, int slot, int64_t e) {
+  return (const char*)amk_ptr(c, slot) + e * (amk_slot_flagged(c, slot) ? 8 : 4);
+}
+__device__ __forceinline__ void amk_ld_flag2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ uint64_t amk_ld_flag(const uint64_t* p) {
+  uint64_t a;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(a) : "l"(p) : "memory");
+  return a;
+}
+// The slow path of a flagged read: polls words w[0..n) (n <= 4; 16-byte aligned when vec) until each carries the
+// launch's tag, with the waits' backoff, abort flag and timeout. false: stop (aborted, or timed out and reported;
+// *c.flag is set for the op's next barrier).
+__device__ __noinline__ bool amk_poll_flags_slow(const AmkCtx& c, const uint64_t* p, int n, bool vec, uint64_t* w) {
+  const uint32_t tag = amk_s_tag;
+  const uint64_t t0 = amk_globaltimer();
+  unsigned ns = AMK_POLL_NS_MIN;
+  for (int it = 0;; ++it) {
+    if (AMK_POLL_NS_MAX > 0) {
+      __nanosleep(ns);
+      if (ns < AMK_POLL_NS_MAX) ns <<= 1;
+    }
+    bool ok = true;
+    for (int k = 0; k < n; k += vec ? 2 : 1) {
+      if (vec) amk_ld_flag2(p + k, w[k], w[k + 1]);
+      else w[k] = amk_ld_flag(p + k);
+      ok = ok && (uint32_t)(w[k] >> 32) == tag && (!vec || (uint32_t)(w[k + 1] >> 32) == tag);
+    }
+    if (ok) return true;
+    if ((it & 15) == 15) {  // another thread of the block gave up, or another block failed: stop too
+      if (*(volatile int*)c.flag || amk_ld_relaxed(c.p->status + AMK_STATUS_ABORT)) { *c.flag = 1; return false; }
+      if ((int64_t)(amk_globaltimer() - t0) > c.p->timeout_ns) {
+        amk_fail(c, AMK_ERR_TIMEOUT, AMK_FLAG_DETAIL);
+        return false;
+      }
+    }
+  }
+}
+// 4 consecutive flagged elements at p (16-byte aligned) into v; false: stop (see amk_poll_flags_slow).
+__device__ __forceinline__ bool amk_ld_flagged4(const AmkCtx& c, const uint64_t* p, float4& v) {
+  uint64_t w[4];
+  amk_ld_flag2(p, w[0], w[1]);
+  amk_ld_flag2(p + 2, w[2], w[3]);
+  const uint32_t tag = amk_s_tag;
+  bool ok = (uint32_t)(w[0] >> 32) == tag && (uint32_t)(w[1] >> 32) == tag && (uint32_t)(w[2] >> 32) == tag &&
+            (uint32_t)(w[3] >> 32) == tag;
+  if (!ok) ok = amk_poll_flags_slow(c, p, 4, true, w);
+  v = make_float4(__uint_as_float((uint32_t)w[0]), __uint_as_float((uint32_t)w[1]), __uint_as_float((uint32_t)w[2]),
+                  __uint_as_float((uint32_t)w[3]));
+  return ok;
+}
+// One flagged element; false: stop.
+__device__ __forceinline__ bool amk_ld_flagged1(const AmkCtx& c, const uint64_t* p, float& v) {
+  uint64_t w = amk_ld_flag(p);
+  bool ok = (uint32_t)(w >> 32) == amk_s_tag;
+  if (!ok) ok = amk_poll_flags_slow(c, p, 1, false, &w);
+  v = __uint_as_float((uint32_t)w);
+  return ok;
+}
+
 // next_item: the queue slot holding the next task's instruction index (nullptr: this is the block's last task).
 // may_join: the task loop's call (a joined op's wait may be deferred); amk_join's call waits.
 __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in, const int32_t* next_item, int sm,
@@ -142,6 +237,10 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     const int v = amk_ld_acquire(ctr);
     if (aborted) return 1;
     if (v >= thr) continue;
+    if (in.flags & (AMK_INSTR_FLAG_WAIT_DATA0 << w)) {  // the op polls its flagged inputs: only the prefetch here
+      if (pf_done != INT64_MAX) pf_done = amk_wait_pf(p, in, next_item, pf_done, 0);
+      continue;
+    }
     if (defer) {  // the op waits (amk_join), after its setup
       amk_s_join = 1;
       amk_s_join_next = next_item;

@@ -1,0 +1,74 @@
+"""Data-flagged activations (knob ``flag_hops``): which buffers and waits of a lowered program take the flag protocol.
+
+A dependent hop through a counter costs the producer a release (its writes drained first) and the consumer an acquire
+poll, a block barrier and then its input's own round trip. With a flagged buffer the producer stores each fp32
+element as one 8-byte word (value | the launch's tag << 32) without a fence, and the consumer polls the words it
+needs: data and readiness arrive together (vm/csrc/sync.cuh; the seventeenth session's ``scripts/hop_micro.cu``:
+-0.4 us per hop alone, up to -1.9 us while other SMs stream).
+
+``apply_flag_hops(buffers, tasks)`` marks
+
+* a buffer ``flagged`` where it is an fp32 ACTIVATION that some task writes and some task reads, every access of
+  it is one the kernel implements for the flagged layout (``vm.abi.FLAG_SLOTS``, with the params that must be 0
+  there), and no element is written twice (a word's tag names the launch, not the write);
+* a task's wait ``data`` where the producers of its counter write some flagged buffer the task reads and nothing
+  else the task reads: the task then polls that data instead of spinning on the counter (the producers still
+  signal it, and the kernel still looks at it once to prefetch weights while the data is not there).
+
+On llama-3.2-1b that is the residual stream (x, xmid), the MLP's h and the merged attention output: the hops
+merge -> o_proj, o_proj -> gate/up, gate/up -> down and down -> next layer's QKV / LM head. The first layer's x
+(EMBED writes it) and the attention side (q, the KV cache, the partials) keep their counters. ``schedule/validate.py``
+proves the result (section 6 of its docstring); this module only decides.
+"""
+from __future__ import annotations
+
+from schedule.ir import Buffer, BufferKind, DType, Task
+from schedule.ops import accesses
+
+
+def flaggable(buffers: list[Buffer], tasks: list[Task]) -> set[int]:
+    """Buffer ids the flag protocol can carry (see the module docstring)."""
+    from vm.abi import FLAG_SLOTS
+    numel = lambda i: buffers[i].numel  # noqa: E731
+    ok = {b.id for b in buffers if b.kind == BufferKind.ACTIVATION and b.dtype == DType.F32}
+    writes: dict[int, list[tuple[int, int]]] = {}
+    read = set()
+    for t in tasks:
+        for a in accesses(t, numel):
+            if a.buffer not in ok:
+                continue
+            need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
+            if need is None or any(int(t.params.get(k, 0)) for k in need) or a.acc:
+                ok.discard(a.buffer)
+            elif a.write:
+                writes.setdefault(a.buffer, []).append((a.lo, a.hi))
+            else:
+                read.add(a.buffer)
+    out = set()
+    for b in ok & read & set(writes):
+        ws = sorted(writes[b])
+        if all(lo1 >= hi0 for (_, hi0), (lo1, _) in zip(ws, ws[1:])):   # every element written at most once
+            out.add(b)
+    return out
+
+
+def apply_flag_hops(buffers: list[Buffer], tasks: list[Task]) -> tuple[int, int]:
+    """Mark the flaggable buffers and the waits that only order their data (in place). Returns (buffers, waits)."""
+    numel = lambda i: buffers[i].numel  # noqa: E731
+    flagged = flaggable(buffers, tasks)
+    for b in flagged:
+        buffers[b].flagged = True
+    acc = {t.id: accesses(t, numel) for t in tasks}
+    written_by: dict[int, set[int]] = {}   # counter -> buffers its producers write
+    for t in tasks:
+        if t.out_counter >= 0:
+            written_by.setdefault(t.out_counter, set()).update(a.buffer for a in acc[t.id] if a.write)
+    n_waits = 0
+    for t in tasks:
+        reads = {a.buffer for a in acc[t.id] if not a.write}
+        for w in t.waits:
+            via = reads & written_by.get(w.counter, set())
+            if via and via <= flagged:
+                w.data = True
+                n_waits += 1
+    return len(flagged), n_waits
