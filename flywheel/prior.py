@@ -94,13 +94,14 @@ KNOBS: tuple[Knob, ...] = (
              "fit the SMs the QKV phase leaves idle, where sm_assignment is 'auto' or 'list_idle' (8 only next to "
              "QKV tasks of at most 128 KiB: 8 on qwen3-0.6b, 4 on qwen3-1.7b and the llama presets), else 8; "
              "beyond, SMs // n_kv_heads (one wave of attention tasks, at least 8)"),
-    Knob("flag_hops", bool, False, choices=(False, True),
-         doc="data-flagged activations (schedule/flags.py): the residual stream, the MLP's h and the merged attention "
-             "output are stored as 8-byte words (value | the launch's tag) without a fence, and the GEMV-family tasks "
-             "that read them poll those words instead of spinning on the producers' counter (data and readiness in "
-             "one round trip; the hops merge -> o_proj, o_proj -> gate/up, gate/up -> down, down -> QKV / LM head). "
-             "Where a buffer's accesses are not all ones the kernel implements flagged (vm.abi.FLAG_SLOTS) it keeps "
-             "its counter"),
+    Knob("flag_hops", str, "off", choices=("off", "all", "residual", "residual_attn"),
+         doc="data-flagged activations (schedule/flags.py): buffers stored as 8-byte words (value | the launch's tag) "
+             "without a fence, which the GEMV-family tasks reading them poll instead of spinning on the producers' "
+             "counter (data and readiness in one round trip). 'residual' = the residual stream (the hops o_proj -> "
+             "gate/up and down -> QKV / LM head), 'residual_attn' + the merged attention output (merge -> o_proj), "
+             "'all' + the MLP's h (gate/up -> down). A buffer whose accesses are not all ones the kernel implements "
+             "flagged (vm.abi.FLAG_SLOTS) keeps its counter; the kernel's flag code is compiled in only for such "
+             "programs"),
     Knob("fuse_attn_merge", bool, False, choices=(False, True),
          doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "

@@ -11,9 +11,11 @@ needs: data and readiness arrive together (vm/csrc/sync.cuh; the seventeenth ses
 * a buffer ``flagged`` where it is an fp32 ACTIVATION that some task writes and some task reads, every access of
   it is one the kernel implements for the flagged layout (``vm.abi.FLAG_SLOTS``, with the params that must be 0
   there), and no element is written twice (a word's tag names the launch, not the write);
-* a task's wait ``data`` where the producers of its counter write some flagged buffer the task reads and nothing
-  else the task reads: the task then polls that data instead of spinning on the counter (the producers still
-  signal it, and the kernel still looks at it once to prefetch weights while the data is not there).
+* a task's wait ``data`` where the producers of its counter write some buffer the task reads and every activation
+  the task reads is flagged: the task then polls that data instead of spinning on the counter (the producers still
+  signal it, and the kernel still looks at it once to prefetch weights while the data is not there). A task that
+  reads any plain activation keeps all its counters, since that read may be ordered through them (o_proj split by
+  KV group accumulates into x, which down reads as its residual: its wait on the gate/up tiles orders that).
 
 On llama-3.2-1b that is the residual stream (x, xmid), the MLP's h and the merged attention output: the hops
 merge -> o_proj, o_proj -> gate/up, gate/up -> down and down -> next layer's QKV / LM head. The first layer's x
@@ -22,12 +24,19 @@ proves the result (section 6 of its docstring); this module only decides.
 """
 from __future__ import annotations
 
-from schedule.ir import Buffer, BufferKind, DType, Task
+from schedule.ir import Buffer, BufferKind, DType, IRError, MegakernelProgram, Task
 from schedule.ops import accesses
 
 
-def flaggable(buffers: list[Buffer], tasks: list[Task]) -> set[int]:
-    """Buffer ids the flag protocol can carry (see the module docstring)."""
+# knob value -> the writer opcodes whose outputs are flagged: GEMV = the residual stream (o_proj's and down's rows),
+# ATTN_MERGE = the merged attention output, GEMV_SILU_MUL = the MLP's h
+FLAG_WRITERS = {"all": ("GEMV", "ATTN_MERGE", "GEMV_SILU_MUL"), "residual": ("GEMV",),
+                "residual_attn": ("GEMV", "ATTN_MERGE")}
+
+
+def flaggable(buffers: list[Buffer], tasks: list[Task], which: str = "all") -> set[int]:
+    """Buffer ids the flag protocol can carry (see the module docstring), of those that ``which``'s writer opcodes
+    (FLAG_WRITERS) write."""
     from vm.abi import FLAG_SLOTS
     numel = lambda i: buffers[i].numel  # noqa: E731
     ok = {b.id for b in buffers if b.kind == BufferKind.ACTIVATION and b.dtype == DType.F32}
@@ -38,7 +47,8 @@ def flaggable(buffers: list[Buffer], tasks: list[Task]) -> set[int]:
             if a.buffer not in ok:
                 continue
             need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
-            if need is None or any(int(t.params.get(k, 0)) for k in need) or a.acc:
+            if need is None or any(int(t.params.get(k, 0)) for k in need) or a.acc or \
+                    (a.write and t.op not in FLAG_WRITERS[which]):
                 ok.discard(a.buffer)
             elif a.write:
                 writes.setdefault(a.buffer, []).append((a.lo, a.hi))
@@ -52,10 +62,11 @@ def flaggable(buffers: list[Buffer], tasks: list[Task]) -> set[int]:
     return out
 
 
-def apply_flag_hops(buffers: list[Buffer], tasks: list[Task]) -> tuple[int, int]:
-    """Mark the flaggable buffers and the waits that only order their data (in place). Returns (buffers, waits)."""
+def apply_flag_hops(buffers: list[Buffer], tasks: list[Task], which: str = "all") -> tuple[int, int]:
+    """Mark the flaggable buffers (of ``which``: a key of FLAG_WRITERS) and the waits that only order their data
+    (in place). Returns (buffers, waits)."""
     numel = lambda i: buffers[i].numel  # noqa: E731
-    flagged = flaggable(buffers, tasks)
+    flagged = flaggable(buffers, tasks, which)
     for b in flagged:
         buffers[b].flagged = True
     acc = {t.id: accesses(t, numel) for t in tasks}
@@ -66,9 +77,23 @@ def apply_flag_hops(buffers: list[Buffer], tasks: list[Task]) -> tuple[int, int]
     n_waits = 0
     for t in tasks:
         reads = {a.buffer for a in acc[t.id] if not a.write}
+        if not reads & flagged or any(buffers[i].kind == BufferKind.ACTIVATION and i not in flagged for i in reads):
+            continue   # a task reading a plain activation keeps its counters: it may be ordered through them
         for w in t.waits:
-            via = reads & written_by.get(w.counter, set())
-            if via and via <= flagged:
+            if reads & written_by.get(w.counter, set()):
                 w.data = True
                 n_waits += 1
     return len(flagged), n_waits
+
+
+def check_flag_hops(program: MegakernelProgram) -> None:
+    """The flagged program must still validate: a data wait is no memory edge, and where some plain access was
+    ordered only through one (a multi-step launch's KV rows, ordered across its steps through the whole step
+    before), the rule above is not enough. Then lowering fails with the validator's first error and the knob
+    values that remain (IRError: the harness reports it as REJECTED, field flag_hops)."""
+    from schedule.validate import validate
+    res = validate(program)
+    if not res.ok:
+        raise IRError(f"flag_hops={program.config.get('flag_hops')!r}: the flagged program does not validate "
+                      f"({res.errors[0]}); a data wait orders only the flagged words it polls -- try a smaller "
+                      f"flag_hops choice ('residual') or 'off'")

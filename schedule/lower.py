@@ -42,7 +42,7 @@ import time
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait, step_name)
-from schedule.flags import apply_flag_hops
+from schedule.flags import apply_flag_hops, check_flag_hops
 from schedule.ops import estimate
 from schedule.placement import assign_steps as _assign
 from schedule.prefetch import mlp_prefetch, prefetch_owners
@@ -580,8 +580,8 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
         prev = (io["next_token"], c_tok)
     b.step = 0
     b.finalize_thresholds()
-    if cfg.flag_hops:
-        apply_flag_hops(b.buffers, b.tasks)
+    if cfg.flag_hops != "off":   # (checked below, once the program is placed)
+        apply_flag_hops(b.buffers, b.tasks, cfg.flag_hops)
 
     numel = lambda i: b.buffers[i].numel  # noqa: E731
     isz = lambda i: b.buffers[i].dtype.nbytes if b.buffers[i].kind != BufferKind.ACTIVATION else 4  # noqa: E731
@@ -595,7 +595,10 @@ def lower(graph: ModelGraph, target: GpuTarget, config: ScheduleConfig | dict | 
             "hidden": c.hidden, "n_layers": c.n_layers, "kv_bytes_per_token": kv_per_tok,
             "attn_splits": splits, "steps_per_launch": cfg.steps_per_launch,
             "schedule_id": schedule_id(cfg_d), "lower_seconds": round(time.perf_counter() - t0, 3)}
-    return MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
+    prog = MegakernelProgram(meta, target, b.buffers, b.counters, b.tasks, queues, cfg_d)
+    if cfg.flag_hops != "off":
+        check_flag_hops(prog)
+    return prog
 
 
 def schedule_id(config: dict) -> str:

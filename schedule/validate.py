@@ -314,31 +314,6 @@ class _Validator(TaskChecks):
             if not self.producers[c] and not self.waiters[c] and c not in claims:
                 self.warnings.append(f"{self.C(c)} is never signalled nor waited on")
 
-    def _check_flag_slots(self) -> None:
-        """A flagged buffer only where the kernel reads / writes the flagged layout (vm.abi.FLAG_SLOTS, with the
-        params that must be 0 there), and a data wait only in a task that reads some flagged buffer."""
-        from vm.abi import FLAG_SLOTS
-        p = self.p
-        self.flagged = {i for i, b in enumerate(p.buffers) if getattr(b, "flagged", False)}
-        for i, t in enumerate(p.tasks):
-            reads_flag = False
-            for a in self.acc.get(i, ()):
-                if a.buffer not in self.flagged:
-                    continue
-                reads_flag = reads_flag or not a.write
-                need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
-                if need is None:
-                    self.err("flag", f"{self.T(i)}: slot '{a.slot}' is {self.B(a.buffer)}, which is data-flagged; "
-                                     f"the kernel's {t.op} reads / writes plain fp32 there (flagged slots: "
-                                     f"{', '.join(f'{o}.{s}' for o, d in FLAG_SLOTS.items() for s in d)})")
-                for k in need or ():
-                    if int(t.params.get(k, 0)):
-                        self.err("flag", f"{self.T(i)}: slot '{a.slot}' is the data-flagged {self.B(a.buffer)}, "
-                                         f"which the kernel supports only with {k} = 0 (got {t.params.get(k)})")
-            if not reads_flag and any(getattr(w, "data", False) for w in t.waits):
-                self.err("flag", f"{self.T(i)} has a data wait (Wait.data) but reads no data-flagged buffer: nothing "
-                                 f"would make it wait")
-
     def _check_kv_ahead(self) -> None:
         """early_kv 2 (an attention task's KV history issued by the task before it in its queue): that task must
         exist and be a weight tile that issues no cp.async of its own (schedule.ops.kv_ahead_issuer_ok), else the

@@ -44,6 +44,31 @@ class _Lazy:
 class TaskChecks:
     """Checks of one task at a time (no graph needed)."""
 
+    def _check_flag_slots(self) -> None:
+        """A flagged buffer only where the kernel reads / writes the flagged layout (vm.abi.FLAG_SLOTS, with the
+        params that must be 0 there), and a data wait only in a task that reads some flagged buffer."""
+        from vm.abi import FLAG_SLOTS
+        p = self.p
+        self.flagged = {i for i, b in enumerate(p.buffers) if getattr(b, "flagged", False)}
+        for i, t in enumerate(p.tasks):
+            reads_flag = False
+            for a in self.acc.get(i, ()):
+                if a.buffer not in self.flagged:
+                    continue
+                reads_flag = reads_flag or not a.write
+                need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
+                if need is None:
+                    self.err("flag", f"{self.T(i)}: slot '{a.slot}' is {self.B(a.buffer)}, which is data-flagged; "
+                                     f"the kernel's {t.op} reads / writes plain fp32 there (flagged slots: "
+                                     f"{', '.join(f'{o}.{s}' for o, d in FLAG_SLOTS.items() for s in d)})")
+                for k in need or ():
+                    if int(t.params.get(k, 0)):
+                        self.err("flag", f"{self.T(i)}: slot '{a.slot}' is the data-flagged {self.B(a.buffer)}, "
+                                         f"which the kernel supports only with {k} = 0 (got {t.params.get(k)})")
+            if not reads_flag and any(getattr(w, "data", False) for w in t.waits):
+                self.err("flag", f"{self.T(i)} has a data wait (Wait.data) but reads no data-flagged buffer: nothing "
+                                 f"would make it wait")
+
     def _check_task(self, i: int) -> bool:
         """Per-task checks; True if the task's references are sound enough for the graph and race analysis."""
         t = self.p.tasks[i]

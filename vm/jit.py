@@ -87,6 +87,8 @@ class BuildSpec:
                                   # only for programs with hints: unused, the path cost 2% at ctx 32768 on an H100)
     kv_ahead: bool = False        # early_kv 2: the attention stages at the top of shared memory, filled by the task
                                   # before (amk_kv_ahead; the loader asks for it when the program has such tasks)
+    flags: bool = False           # data-flagged activations' polls and stores (flag_hops, vm/csrc/sync.cuh; the
+                                  # loader asks for it when the program has flagged buffers, else compiled out)
 
 
     def __post_init__(self):
@@ -121,6 +123,7 @@ class BuildSpec:
                 f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
                 f"-DAMK_ATTN_EARLY={int(self.attn_early or self.kv_ahead)}", f"-DAMK_KV_AHEAD={int(self.kv_ahead)}",
+                f"-DAMK_FLAGS={int(self.flags)}",
                 *([] if any(f.startswith("-DAMK_MERGE_UNROLL=") for f in self.extra_cuda_cflags)   # (an A/B's own)
                   else [f"-DAMK_MERGE_UNROLL={self.merge_unroll}"]),
                 *self.extra_cuda_cflags]
@@ -151,7 +154,7 @@ def arch_major(arch: str) -> int:
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
              dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16, kv_ahead: bool = False,
-             ring_window: int | None = None) -> BuildSpec:
+             ring_window: int | None = None, flags: bool = False) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB; AMK_RING_WINDOW:
     the ring's copies in flight, 2, at most one less than the stages; ``ring_window`` overrides it); extra nvcc
@@ -162,7 +165,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     AMK_ATTN_STAGE_BYTES (2 x 32 KB). ``attn_early``: compile the early KV copies of early_kv-hinted attention tasks
     (the loader asks for it when the program has hints). ``merge_unroll``: ATTN_MERGE's largest unrolled body (4, 8,
     16; 0 = none; the loader passes the smallest that covers the program's splits: merge_unroll_for). ``kv_ahead``:
-    the attention stages at the top of shared memory, filled by the task before an early_kv 2 attention task."""
+    the attention stages at the top of shared memory, filled by the task before an early_kv 2 attention task.
+    ``flags``: the data-flagged activations' code (programs lowered with flag_hops)."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -178,7 +182,8 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
                      preload=preload, dtypes=int(dtypes) or ALL_DTYPES,
                      attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
                      attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)),
-                     attn_early=bool(attn_early), merge_unroll=int(merge_unroll), kv_ahead=bool(kv_ahead))
+                     attn_early=bool(attn_early), merge_unroll=int(merge_unroll), kv_ahead=bool(kv_ahead),
+                     flags=bool(flags))
 
 
 def dtype_mask(names) -> int:

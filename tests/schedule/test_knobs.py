@@ -478,18 +478,24 @@ def _check_step_placement(p, v):
 def _check_flag_hops(p, v):
     """The residual stream after layer 0's input, the MLP's h and the merged attention output are flagged; the
     GEMV-family tasks reading them wait on data, the attention side and x0 (EMBED writes it) keep their counters."""
-    assert v is True and not any(b.flagged for b in BASE.buffers)
+    assert not any(b.flagged for b in BASE.buffers)
     L = C.n_layers
-    want = {f"attn{l}" for l in range(L)} | {f"xmid{l}" for l in range(L)} | {f"h{l}" for l in range(L)} | \
-        {f"x{l}" for l in range(1, L + 1)}
+    want = {f"xmid{l}" for l in range(L)} | {f"x{l}" for l in range(1, L + 1)}   # the residual stream
+    if v in ("residual_attn", "all"):
+        want |= {f"attn{l}" for l in range(L)}
+    if v == "all":
+        want |= {f"h{l}" for l in range(L)}
     assert {b.name for b in p.buffers if b.flagged} == want
+    reads = lambda t: {p.buffers[i].name for i in t.inputs}  # noqa: E731
     fam = lambda t: t.label.split(".")[1].split("[")[0] if "." in t.label else t.label  # noqa: E731
     for t in p.tasks:
         data = {w.data for w in t.waits}
         layer0_qkv = t.label.startswith("L0.") and fam(t) in ("q", "k", "v")
-        if fam(t) in ("o_proj", "gate_up", "down") or t.label.startswith("lm_head") or \
-                (fam(t) in ("q", "k", "v") and not layer0_qkv):
+        if (fam(t) == "o_proj" and v != "residual") or fam(t) == "gate_up" or (fam(t) == "down" and v == "all") \
+                or t.label.startswith("lm_head") or (fam(t) in ("q", "k", "v") and not layer0_qkv):
             assert data == {True}, t.label
+        elif fam(t) in ("o_proj", "down"):   # their x (attention's output, h) keeps its counter
+            assert data == {False} and (t.label.startswith("L0.") or reads(t) & want), t.label
         else:
             assert data <= {False}, t.label
     assert _structure(p.__class__.from_dict({**p.to_dict()})) == _structure(p)   # the flags survive JSON

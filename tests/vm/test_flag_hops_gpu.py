@@ -27,7 +27,7 @@ def _pair(name: str, dtype: str, cfg: dict, max_seq: int = 64):
     from vm.loader import MegakernelVM
     g = graph(name, dtype)
     base = lower(g, TARGETS["h100"], cfg, max_seq=max_seq)
-    flag = lower(g, TARGETS["h100"], {**cfg, "flag_hops": True}, max_seq=max_seq)
+    flag = lower(g, TARGETS["h100"], {**cfg, "flag_hops": "all"}, max_seq=max_seq)
     assert any(b.flagged for b in flag.buffers) and any(w.data for t in flag.tasks for w in t.waits)
     return g, base, flag, MegakernelVM(base, g.weights), MegakernelVM(flag, g.weights)
 
@@ -66,7 +66,7 @@ def test_flagged_input_never_written_times_out_then_runs():
     after the task is restored the next launches are correct (the flagged buffers were cleared with the epoch)."""
     from vm.loader import MegakernelVM
     g = graph("llama-untied", "f32")
-    flag = lower(g, TARGETS["h100"], {**CFG, "flag_hops": True}, max_seq=64)
+    flag = lower(g, TARGETS["h100"], {**CFG, "flag_hops": "all"}, max_seq=64)
     ref = ReferenceVM(flag, g.weights)
     k = next(i for i, t in enumerate(flag.tasks) if t.op == "ATTN_MERGE")
     assert flag.buffers[flag.tasks[k].outputs[0]].flagged
@@ -77,8 +77,10 @@ def test_flagged_input_never_written_times_out_then_runs():
     bad[OPCODES["ATTN_MERGE"].iparams.index("group")] = 0
     vm.patch_instr(k, ip=bad)
     t0 = time.perf_counter()
-    with pytest.raises(RuntimeError, match=r"data-flagged input"):
+    with pytest.raises(RuntimeError, match=r"timeout") as ei:
         vm.step(5, 0)
+    # the first block out of time reports: an o_proj poll, or a task spinning on a counter behind it
+    assert "polled a data-flagged input" in str(ei.value) or "waited on counter" in str(ei.value), str(ei.value)
     assert time.perf_counter() - t0 < 4.0
     vm.patch_instr(k, ip=good)
     assert rel_err(vm.step(5, 0), ref.step(5, 0)) <= 1e-5

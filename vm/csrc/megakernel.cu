@@ -166,9 +166,10 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
   for (int i = amk_tid(); i < p.n_counters; i += AMK_THREADS) p.counters[i] = 0;
   if (amk_tid() == 0) {
     p.status[AMK_STATUS_EXITS] = 0;
-    // the next launch's data-flag tag is epoch + 1: never 0, which zeroed flagged buffers carry
-    const unsigned e = (unsigned)p.status[AMK_STATUS_EPOCH] + 1u;
-    p.status[AMK_STATUS_EPOCH] = (int)(e == 0xFFFFFFFFu ? 0u : e);
+    if (AMK_FLAGS) {  // the next launch's data-flag tag is epoch + 1: never 0, which zeroed flagged buffers carry
+      const unsigned e = (unsigned)p.status[AMK_STATUS_EPOCH] + 1u;
+      p.status[AMK_STATUS_EPOCH] = (int)(e == 0xFFFFFFFFu ? 0u : e);
+    }
     const int f = p.io_flags, n = p.n_steps;
     if (f & AMK_IO_ADVANCE) {  // (binding.cpp checks that flags come with the addresses)
       const int p0 = ((f & AMK_IO_POS) ? p.in_pos : *(volatile int*)p.pos) + n;
@@ -229,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   unsigned char* pre_buf = amk_dyn_smem + AMK_RING_BYTES;
   if (amk_tid() == 0) {
     amk_ring_init(s_ring, s_bars, s_ebars, amk_dyn_smem);
-    amk_s_tag = (uint32_t)__ldcg(p.status + AMK_STATUS_EPOCH) + 1u;  // data-flagged words of this launch (sync.cuh)
+    if (AMK_FLAGS) amk_s_tag = (uint32_t)__ldcg(p.status + AMK_STATUS_EPOCH) + 1u;  // this launch's flag tag
   }
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
   __syncthreads();  // (every thread of the block, the ring's producer warp too)

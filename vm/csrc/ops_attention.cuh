@@ -407,6 +407,7 @@ __device__ __noinline__ void amk_op_attn_merge(const AmkCtx& c) {
   if (!amk_join(c)) return;  // a joined task (sync.cuh) waits here for the partials
   for (int idx = amk_tid(); idx < G * D; idx += AMK_THREADS) {
     const int g = idx / D;
-    out.put((int64_t)kvh * G * D + idx, amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true));
+    const float v = amk_attn_merge_elem(base, ns, G, D, g, idx - g * D, AmkLdCg{}, true);
+    AMK_PUT(out, (int64_t)kvh * G * D + idx, v);
   }
 }

@@ -362,8 +362,8 @@ __device__ __noinline__ void amk_gemv_body(const AmkCtx& c, const float* xs, int
     float v = a[0] * xr;
     if (bias) v += amk_ldw(bias, bias_dt, r0 + r);
     if (res_s) v += res_s[r];
-    if (accumulate) atomicAdd(y.p + r0 + r, v);
-    else y.put(r0 + r, v);
+    if (accumulate) atomicAdd(amk_out_ptr(y) + r0 + r, v);
+    else AMK_PUT(y, r0 + r, v);
     if (ycopy) ycopy[r0 + r] = v;
     if (pair && amk_argmax_better(v, r0 + r, bv, bi)) { bv = v; bi = r0 + r; }
   });
@@ -459,6 +459,7 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
   AmkGeom g;
   float* tail = xs + amk_pad4(K) + (amk_stream_geom(in, g) ? amk_pad4(amk_stash_floats(g)) : 0);
   float* res_s = has_res ? tail : nullptr;
+#if AMK_FLAGS
   const bool res_flag = has_res && amk_slot_flagged(c, s_res), x_flag = amk_slot_flagged(c, AMK_GEMV_IN_X);
   if (has_res) {  // issued together with the x loads below: one round trip instead of one more at the end
     if (res_flag) {  // (a failed poll sets *c.flag: checked after the staging's barrier)
@@ -472,6 +473,15 @@ __device__ __noinline__ void amk_op_gemv(const AmkCtx& c) {
     tail += amk_pad4(rn);
   }
   const float* x = (const float*)amk_elem_ptr(c, AMK_GEMV_IN_X, in.ip[AMK_GEMV_IP_X_START]);
+#else
+  constexpr bool res_flag = false, x_flag = false;
+  if (has_res) {  // issued together with the x loads below: one round trip instead of one more at the end
+    const float* res = (const float*)amk_ptr(c, s_res);
+    for (int i = amk_tid(); i < rn; i += AMK_THREADS) res_s[i] = __ldcg(res + r0 + i);
+    tail += amk_pad4(rn);
+  }
+  const float* x = (const float*)amk_ptr(c, AMK_GEMV_IN_X) + in.ip[AMK_GEMV_IP_X_START];
+#endif
   const bool split = amk_x_split(c, AMK_GEMV_IN_W, K);
   const char* wbase = (const char*)amk_ptr(c, AMK_GEMV_IN_W);
   if (AMK_GROUP_EARLY && in.ip[AMK_GEMV_IP_X_SPLITS] > 0 && in.ip[AMK_GEMV_IP_ACCUMULATE] != 0 && !has_bias &&
@@ -545,7 +555,7 @@ __device__ __forceinline__ void amk_silu_warp_claims(const AmkCtx& c, const floa
       amk_dot<T, 2, AMK_U2>(rows, xsm, K, vec, lane, 32, src, acc);
       acc[0] = amk_warp_sum(acc[0]);
       acc[1] = amk_warp_sum(acc[1]);
-      if (lane == 0) h.put(r0 + r, amk_silu_mul(acc, xr));
+      if (lane == 0) AMK_PUT(h, r0 + r, amk_silu_mul(acc, xr));
     }
     if (draw) {
       tk = __shfl_sync(0xffffffffu, tk, 0);
@@ -570,7 +580,7 @@ __device__ __noinline__ void amk_silu_body(const AmkCtx& c, const float* xs, int
     const size_t off = (size_t)a * K * T::BYTES;
     const char* W[2] = {g0 + off, u0 + off};
     amk_gemv_rows<T, 2>(c, W, K, n, xs, c.smem + amk_pad4(K),
-                        [&](int r, const float (&v)[2]) { h.put(a + r, amk_silu_mul(v, xr)); });
+                        [&](int r, const float (&v)[2]) { AMK_PUT(h, a + r, amk_silu_mul(v, xr)); });
   };
   const AmkInstr& in = *c.ins;
   const int dr = in.ip[AMK_GEMV_SILU_MUL_IP_DYN_ROWS];

@@ -133,28 +133,52 @@ __shared__ const int32_t* amk_s_join_next;
 // waits that only order such data (AMK_INSTR_FLAG_WAIT_DATA0 << w) do not spin: amk_wait_all looks at the
 // counter once and, if unmet, asks L2 for the task's weights as any wait does; the producer still signals it.
 // ---------------------------------------------------------------------------------------------------------------
+// AMK_FLAGS (vm/jit.py BuildSpec.flags): compiled in only for programs with flagged buffers (the loader's choice),
+// so every other build's machine code is the one without them.
+#ifndef AMK_FLAGS
+#define AMK_FLAGS 0
+#endif
 __shared__ uint32_t amk_s_tag;  // this launch's tag (thread 0 sets it before the kernel's first barrier)
+// Backoff of a flagged poll (every thread polls its own words: far more requests than thread 0's counter poll).
+#ifndef AMK_FLAG_NS_MIN
+#define AMK_FLAG_NS_MIN AMK_POLL_NS_MIN
+#endif
+#ifndef AMK_FLAG_NS_MAX
+#define AMK_FLAG_NS_MAX AMK_POLL_NS_MAX
+#endif
 #define AMK_FLAG_DETAIL (-101)  // TIMEOUT detail word: a flagged input never got this launch's tag (vm/pack.py)
 
 __device__ __forceinline__ void amk_st_flag(float* base, int64_t i, float v) {
   const uint64_t w = ((uint64_t)amk_s_tag << 32) | (uint64_t)__float_as_uint(v);
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"((uint64_t*)base + i), "l"(w) : "memory");
 }
-// An output slot: plain fp32 (tag 0) or data-flagged.
+__device__ __forceinline__ bool amk_slot_flagged(const AmkCtx& c, int slot) {
+  return AMK_FLAGS && amk_dtype(c, slot) == AMK_DTYPE_F32X;
+}
+// An fp32 output slot: plain or data-flagged (AMK_PUT(o, i, v) stores element i either way). In builds without
+// AMK_FLAGS it is the plain pointer and AMK_PUT the plain store expression, so those builds' machine code is the one
+// from before flags existed (checked: the default llama-3.2-1b build's SASS, docs/PERF.md forty-seventh session).
+#if AMK_FLAGS
 struct AmkOut {
   float* p;
   bool flagged;
-  __device__ __forceinline__ void put(int64_t i, float v) const {
-    if (flagged) amk_st_flag(p, i, v);
-    else p[i] = v;
-  }
 };
-__device__ __forceinline__ bool amk_slot_flagged(const AmkCtx& c, int slot) {
-  return amk_dtype(c, slot) == AMK_DTYPE_F32X;
+template <class I>
+__device__ __forceinline__ void amk_put(const AmkOut& o, I i, float v) {
+  if (o.flagged) amk_st_flag(o.p, i, v);
+  else o.p[i] = v;
 }
+__device__ __forceinline__ float* amk_out_ptr(const AmkOut& o) { return o.p; }
 __device__ __forceinline__ AmkOut amk_out(const AmkCtx& c, int slot) {
   return AmkOut{(float*)amk_ptr(c, slot), amk_slot_flagged(c, slot)};
 }
+#define AMK_PUT(o, i, v) amk_put((o), (i), (v))
+#else
+typedef float* AmkOut;
+#define AMK_PUT(o, i, v) ((o)[i] = (v))
+__device__ __forceinline__ float* amk_out_ptr(AmkOut o) { return o; }
+__device__ __forceinline__ AmkOut amk_out(const AmkCtx& c, int slot) { return (float*)amk_ptr(c, slot); }
+#endif
 // Element e of an fp32 slot, plain (4 bytes) or flagged (8).
 __device__ __forceinline__ const void* amk_elem_ptr(const AmkCtx& c, int slot, int64_t e) {
   return (const char*)amk_ptr(c, slot) + e * (amk_slot_flagged(c, slot) ? 8 : 4);
@@ -173,11 +197,11 @@ __device__ __forceinline__ uint64_t amk_ld_flag(const uint64_t* p) {
 __device__ __noinline__ bool amk_poll_flags_slow(const AmkCtx& c, const uint64_t* p, int n, bool vec, uint64_t* w) {
   const uint32_t tag = amk_s_tag;
   const uint64_t t0 = amk_globaltimer();
-  unsigned ns = AMK_POLL_NS_MIN;
+  unsigned ns = AMK_FLAG_NS_MIN;
   for (int it = 0;; ++it) {
-    if (AMK_POLL_NS_MAX > 0) {
+    if (AMK_FLAG_NS_MAX > 0) {
       __nanosleep(ns);
-      if (ns < AMK_POLL_NS_MAX) ns <<= 1;
+      if (ns < AMK_FLAG_NS_MAX) ns <<= 1;
     }
     bool ok = true;
     for (int k = 0; k < n; k += vec ? 2 : 1) {
@@ -237,7 +261,7 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     const int v = amk_ld_acquire(ctr);
     if (aborted) return 1;
     if (v >= thr) continue;
-    if (in.flags & (AMK_INSTR_FLAG_WAIT_DATA0 << w)) {  // the op polls its flagged inputs: only the prefetch here
+    if (AMK_FLAGS && (in.flags & (AMK_INSTR_FLAG_WAIT_DATA0 << w))) {  // the op polls its flagged inputs: only the prefetch here
       if (pf_done != INT64_MAX) pf_done = amk_wait_pf(p, in, next_item, pf_done, 0);
       continue;
     }
