@@ -100,8 +100,11 @@ KNOBS: tuple[Knob, ...] = (
              "counter (data and readiness in one round trip). 'residual' = the residual stream (the hops o_proj -> "
              "gate/up and down -> QKV / LM head), 'residual_attn' + the merged attention output (merge -> o_proj), "
              "'all' + the MLP's h (gate/up -> down). A buffer whose accesses are not all ones the kernel implements "
-             "flagged (vm.abi.FLAG_SLOTS) keeps its counter; the kernel's flag code is compiled in only for such "
-             "programs"),
+             "flagged (vm.abi.FLAG_SLOTS) keeps its counter, and a choice whose program the validator refuses (a "
+             "multi-step launch with 'all') is REJECTED. The kernel's flag code is compiled in only for flagged "
+             "programs: in every build it cost 3.1%. Off by default: H100, llama-3.2-1b ctx 512, against the default "
+             "program in the flag build 'residual' +0.6%, 'all' +2.7% (against the default build +3.7% / +5.8%); "
+             "qwen3-0.6b 'all' +1.0%, ctx 8192 +0.3% (docs/PERF.md, forty-seventh session)"),
     Knob("fuse_attn_merge", bool, False, choices=(False, True),
          doc="with split-KV attention, merge the partials inside each o_proj task while it stages its input "
              "instead of in one ATTN_MERGE task per KV head (one dependent hop fewer per layer; every o_proj task "

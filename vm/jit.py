@@ -116,17 +116,16 @@ class BuildSpec:
         return [str(CSRC / s) for s in SOURCES]
 
     def cuda_cflags(self) -> list[str]:
-        return [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
+        base = [self.opt, "-lineinfo", gencode_flag(self.arch), f"-DAMK_THREADS={self.threads}",
                 f"-DAMK_PREFETCH_DEPTH={self.prefetch_depth}", f"-DAMK_TMA={int(self.tma)}",
                 f"-DAMK_STAGES={self.stages}", f"-DAMK_STAGE_BYTES={self.stage_bytes}",
                 f"-DAMK_RING_WINDOW={self.ring_window}",
                 f"-DAMK_PRELOAD={int(self.preload)}", f"-DAMK_DTYPES={self.dtypes}",
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
                 f"-DAMK_ATTN_EARLY={int(self.attn_early or self.kv_ahead)}", f"-DAMK_KV_AHEAD={int(self.kv_ahead)}",
-                f"-DAMK_FLAGS={int(self.flags)}",
-                *([] if any(f.startswith("-DAMK_MERGE_UNROLL=") for f in self.extra_cuda_cflags)   # (an A/B's own)
-                  else [f"-DAMK_MERGE_UNROLL={self.merge_unroll}"]),
-                *self.extra_cuda_cflags]
+                f"-DAMK_FLAGS={int(self.flags)}", f"-DAMK_MERGE_UNROLL={self.merge_unroll}"]
+        own = {f.split("=")[0] for f in self.extra_cuda_cflags if f.startswith("-D")}   # an A/B's own defines win
+        return [f for f in base if not (f.startswith("-D") and f.split("=")[0] in own)] + list(self.extra_cuda_cflags)
 
     def cflags(self) -> list[str]:
         return [self.opt]

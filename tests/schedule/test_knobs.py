@@ -491,8 +491,11 @@ def _check_flag_hops(p, v):
     for t in p.tasks:
         data = {w.data for w in t.waits}
         layer0_qkv = t.label.startswith("L0.") and fam(t) in ("q", "k", "v")
-        if (fam(t) == "o_proj" and v != "residual") or fam(t) == "gate_up" or (fam(t) == "down" and v == "all") \
-                or t.label.startswith("lm_head") or (fam(t) in ("q", "k", "v") and not layer0_qkv):
+        # (layer 0's o_proj reads x0 as its residual, which EMBED writes unflagged: a task reading any plain
+        # activation keeps its counters)
+        if (fam(t) == "o_proj" and v != "residual" and not t.label.startswith("L0.")) or fam(t) == "gate_up" or \
+                (fam(t) == "down" and v == "all") or t.label.startswith("lm_head") or \
+                (fam(t) in ("q", "k", "v") and not layer0_qkv):
             assert data == {True}, t.label
         elif fam(t) in ("o_proj", "down"):   # their x (attention's output, h) keeps its counter
             assert data == {False} and (t.label.startswith("L0.") or reads(t) & want), t.label
