@@ -132,6 +132,8 @@ __shared__ const int32_t* amk_s_join_next;
 // last launch is stale, and the validator lets each flagged element be written at most once per launch. A task's
 // waits that only order such data (AMK_INSTR_FLAG_WAIT_DATA0 << w) do not spin: amk_wait_all looks at the
 // counter once and, if unmet, asks L2 for the task's weights as any wait does; the producer still signals it.
+// Measured slower than the counters on an H100 (llama-3.2-1b +0.6..+2.7%: a phase still waits for its slowest tile,
+// docs/PERF.md forty-seventh session), so flag_hops is off by default.
 // ---------------------------------------------------------------------------------------------------------------
 // AMK_FLAGS (vm/jit.py BuildSpec.flags): compiled in only for programs with flagged buffers (the loader's choice),
 // so every other build's machine code is the one without them.
@@ -261,7 +263,7 @@ __device__ __noinline__ int amk_wait_all(const AmkParams& p, const AmkInstr& in,
     const int v = amk_ld_acquire(ctr);
     if (aborted) return 1;
     if (v >= thr) continue;
-    if (AMK_FLAGS && (in.flags & (AMK_INSTR_FLAG_WAIT_DATA0 << w))) {  // the op polls its flagged inputs: only the prefetch here
+    if (AMK_FLAGS && (in.flags & (AMK_INSTR_FLAG_WAIT_DATA0 << w))) {  // the op polls its flagged inputs itself
       if (pf_done != INT64_MAX) pf_done = amk_wait_pf(p, in, next_item, pf_done, 0);
       continue;
     }
