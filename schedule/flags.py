@@ -38,16 +38,15 @@ FLAG_WRITERS = {"all": ("GEMV", "ATTN_MERGE", "GEMV_SILU_MUL"), "residual": ("GE
                 "residual_attn": ("GEMV", "ATTN_MERGE")}
 
 
-def flaggable(buffers: list[Buffer], tasks: list[Task], which: str = "all") -> set[int]:
+def flaggable(buffers: list[Buffer], tasks: list[Task], acc: dict[int, list], which: str = "all") -> set[int]:
     """Buffer ids the flag protocol can carry (see the module docstring), of those that ``which``'s writer opcodes
-    (FLAG_WRITERS) write."""
+    (FLAG_WRITERS) write. ``acc``: task id -> its accesses (schedule.ops.accesses)."""
     from vm.abi import FLAG_SLOTS
-    numel = lambda i: buffers[i].numel  # noqa: E731
     ok = {b.id for b in buffers if b.kind == BufferKind.ACTIVATION and b.dtype == DType.F32}
     writes: dict[int, list[tuple[int, int]]] = {}
     read = set()
     for t in tasks:
-        for a in accesses(t, numel):
+        for a in acc[t.id]:
             if a.buffer not in ok:
                 continue
             need = FLAG_SLOTS.get(t.op, {}).get(a.slot)
@@ -70,10 +69,10 @@ def apply_flag_hops(buffers: list[Buffer], tasks: list[Task], which: str = "all"
     """Mark the flaggable buffers (of ``which``: a key of FLAG_WRITERS) and the waits that only order their data
     (in place). Returns (buffers, waits)."""
     numel = lambda i: buffers[i].numel  # noqa: E731
-    flagged = flaggable(buffers, tasks, which)
+    acc = {t.id: accesses(t, numel) for t in tasks}
+    flagged = flaggable(buffers, tasks, acc, which)
     for b in flagged:
         buffers[b].flagged = True
-    acc = {t.id: accesses(t, numel) for t in tasks}
     written_by: dict[int, set[int]] = {}   # counter -> buffers its producers write
     for t in tasks:
         if t.out_counter >= 0:

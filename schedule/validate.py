@@ -234,7 +234,7 @@ class _Validator(TaskChecks):
                                    f" values, shape {tuple(shape)} needs {self.numel[i]}")
             if kind == BufferKind.WEIGHT and (not isinstance(b.source, str) or not b.source):
                 self.err("buffer", f"{self.B(i)}: WEIGHT buffer has no source (state-dict key)")
-            if getattr(b, "flagged", False) and not (kind == BufferKind.ACTIVATION and DType(b.dtype) == DType.F32):
+            if b.flagged and not (kind == BufferKind.ACTIVATION and DType(b.dtype) == DType.F32):
                 self.err("flag", f"{self.B(i)}: only fp32 ACTIVATION buffers can be data-flagged")
             cols = getattr(b, "cols", None)
             if cols is not None and not (kind == BufferKind.WEIGHT and len(shape) == 2 and isinstance(cols, tuple)
@@ -474,7 +474,7 @@ class _Validator(TaskChecks):
             smask[st] = smask.get(st, 0) | 1 << rank[i]
         before = {st: sum(m for t, m in smask.items() if t < st) for st in smask}   # rank bits of earlier steps
         self.wranges: dict[int, dict[int, list]] = {}    # buffer -> rank -> written ranges
-        flagged = getattr(self, "flagged", set())
+        flagged = self.flagged
         for b in flagged & set(by_buf):   # a flagged element: one write per launch (its tag names the launch only)
             ws = sorted((lo, hi, i) for i, lo, hi, wr, _ in by_buf[b] if wr)
             for (lo0, hi0, i0), (lo1, hi1, i1) in zip(ws, ws[1:]):
@@ -520,7 +520,7 @@ class _Validator(TaskChecks):
         # only if the writer is a dependency ancestor of the reader
         anc: dict[int, int] = {}
         full: dict[int, int] = {}
-        data = getattr(self, "data_waits", set())
+        data = self.data_waits
         self.read_after_write: set[tuple[int, int]] = set()   # (task, buffer): some read has an earlier writer
         memo: dict[tuple, int | None] = {}
         reported: set[tuple[int, int, int]] = set()

@@ -178,7 +178,7 @@ class MegakernelVM:
                 t = torch.tensor(b.data, dtype=tdt).view(b.shape).to(dev)
             elif b.kind == BufferKind.KV_CACHE:
                 t = torch.zeros(b.shape, dtype=tdt, device=dev)
-            elif getattr(b, "flagged", False):   # 8-byte words: value | launch tag << 32 (tag 0: never written)
+            elif b.flagged:   # 8-byte words: value | launch tag << 32 (tag 0: never written)
                 t = torch.zeros(max(1, b.numel), dtype=torch.int64, device=dev)
             else:
                 t = torch.zeros(max(1, b.numel), dtype=tdt, device=dev)
@@ -193,6 +193,7 @@ class MegakernelVM:
         # every step's logits, in step order ('logits', 'logits@1', ...)
         self.step_logits = [self.tensors[io[step_name("logits", s)]] for s in range(n)]
         self.kv = [self.tensors[b.id] for b in self.program.buffers if b.kind == BufferKind.KV_CACHE]
+        self.flagged_tensors = [self.tensors[b.id] for b in self.program.buffers if b.flagged]   # (reset_sync)
         self.max_seq = min([int(b.shape[1]) for b in self.program.buffers if b.kind == BufferKind.KV_CACHE] or [0])
 
     def buffer(self, name: str):
@@ -300,16 +301,15 @@ class MegakernelVM:
         """Zero the counters and status words -- the launch epoch too -- and with it every data-flagged buffer
         (flag_hops): an aborted launch may have left words tagged for an epoch the next launches would count again."""
         self.sync.zero_()
-        for b in self.program.buffers:
-            if getattr(b, "flagged", False):
-                self.tensors[b.id].zero_()
+        for t in self.flagged_tensors:
+            t.zero_()
 
     def read_activation(self, name: str):
         """An activation's values as fp32 (a copy; a data-flagged buffer's words decoded: their low 32 bits)."""
         import torch
         b = self.program.buffer(name)
         t = self.tensors[b.id]
-        if getattr(b, "flagged", False):
+        if b.flagged:
             return (t & 0xFFFFFFFF).to(torch.int32).view(torch.float32).clone()
         return t.clone()
 

@@ -71,7 +71,7 @@ def device_dtype(b) -> DType:
 def device_code(b) -> str:
     """The buffer's device storage type name (a key of abi.DTYPE_CODES): device_dtype's, or 'f32x' for a
     data-flagged activation (8 bytes per element: value | launch tag << 32, vm/csrc/sync.cuh)."""
-    return "f32x" if getattr(b, "flagged", False) else device_dtype(b).value
+    return "f32x" if b.flagged else device_dtype(b).value
 
 
 def _int_knobs(config, *names: str) -> list[int]:
@@ -297,7 +297,7 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     early = any(t.params.get("early_kv", 0) for t in program.tasks)
     ahead = any(int(t.params.get("early_kv", 0)) == 2 for t in program.tasks)   # (the stages then sit at the top)
     code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program),
-                kv_ahead=ahead, flags=any(getattr(b, "flagged", False) for b in program.buffers))
+                kv_ahead=ahead, flags=any(b.flagged for b in program.buffers))
     ring = ring_knobs(program.config)   # the config's ring (ring_stages > 0) wins over the AMK_* environment
     if ring and tma is not False:
         tma = True
