@@ -26,12 +26,14 @@ import sys
 import time
 from typing import Any
 
-from vm.abi import DTYPE_CODES
+from vm.abi import DTYPE_CODES, OPCODES
 
 CSRC = pathlib.Path(__file__).resolve().parent / "csrc"
 SOURCES = ("binding.cpp", "megakernel.cu")
 MERGE_UNROLLS = (0, 4, 8, 16)   # AMK_MERGE_UNROLL values (vm/csrc/attn_common.cuh)
 ALL_DTYPES = (1 << DTYPE_CODES["f32"]) | (1 << DTYPE_CODES["bf16"]) | (1 << DTYPE_CODES["f16"])   # AMK_DTYPES
+ALL_OPS = sum(1 << op.code for op in OPCODES.values())   # AMK_OPS_MASK: every opcode
+ALL_ATTN_HDS = 3   # AMK_ATTN_HD64 | AMK_ATTN_HD128 << 1
 META_NAME = "amk_build.json"
 _LOADED: dict[str, Any] = {}
 LAST_BUILD: dict[str, Any] = {}
@@ -89,6 +91,11 @@ class BuildSpec:
                                   # before (amk_kv_ahead; the loader asks for it when the program has such tasks)
     flags: bool = False           # data-flagged activations' polls and stores (flag_hops, vm/csrc/sync.cuh; the
                                   # loader asks for it when the program has flagged buffers, else compiled out)
+    ops: int = ALL_OPS            # opcodes compiled in: bit (1 << opcode) each (AMK_OPS_MASK); the loader passes the
+                                  # program's own (build_trims), the others then fail as unknown opcodes
+    attn_hds: int = ALL_ATTN_HDS  # head dims of the tensor-core attention body: bit 0 = 64, bit 1 = 128
+    qk_fold: bool = True          # the attention tasks' folded QK-norm (fold_qk_norm programs)
+    group_early: bool = True      # the o_proj-by-group GEMV body (x_splits with accumulate: o_proj_by_group)
 
 
     def __post_init__(self):
@@ -110,6 +117,9 @@ class BuildSpec:
                              f"4096..65536 B (a multiple of 16)")
         if self.merge_unroll not in MERGE_UNROLLS:
             raise BuildError(f"merge_unroll {self.merge_unroll}: one of {MERGE_UNROLLS}")
+        if self.ops & ~ALL_OPS or self.attn_hds & ~ALL_ATTN_HDS:
+            raise BuildError(f"ops mask {self.ops:#x} / attention head-dim mask {self.attn_hds}: subsets of "
+                             f"{ALL_OPS:#x} (vm.abi.OPCODES) / {ALL_ATTN_HDS} (64, 128)")
 
     @property
     def sources(self) -> list[str]:
@@ -124,6 +134,10 @@ class BuildSpec:
                 f"-DAMK_ATTN_STAGES={self.attn_stages}", f"-DAMK_ATTN_STAGE_BYTES={self.attn_stage_bytes}",
                 f"-DAMK_ATTN_EARLY={int(self.attn_early or self.kv_ahead)}", f"-DAMK_KV_AHEAD={int(self.kv_ahead)}",
                 f"-DAMK_FLAGS={int(self.flags)}", f"-DAMK_MERGE_UNROLL={self.merge_unroll}"]
+        if (self.ops, self.attn_hds, self.qk_fold, self.group_early) != (ALL_OPS, ALL_ATTN_HDS, True, True):
+            base += [f"-DAMK_OPS_MASK={self.ops:#x}u", f"-DAMK_ATTN_HD64={self.attn_hds & 1}",
+                     f"-DAMK_ATTN_HD128={self.attn_hds >> 1 & 1}", f"-DAMK_QK_FOLD={int(self.qk_fold)}",
+                     f"-DAMK_GROUP_EARLY={int(self.group_early)}"]
         own = {f.split("=")[0] for f in self.extra_cuda_cflags if f.startswith("-D")}   # an A/B's own defines win
         return [f for f in base if not (f.startswith("-D") and f.split("=")[0] in own)] + list(self.extra_cuda_cflags)
 
@@ -153,7 +167,8 @@ def arch_major(arch: str) -> int:
 def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = None, tma: bool | None = None,
              stages: int | None = None, stage_bytes: int | None = None, preload: bool = False,
              dtypes: int = 0, attn_early: bool = False, merge_unroll: int = 16, kv_ahead: bool = False,
-             ring_window: int | None = None, flags: bool = False) -> BuildSpec:
+             ring_window: int | None = None, flags: bool = False, ops: int = 0, attn_hds: int | None = None,
+             qk_fold: bool = True, group_early: bool = True) -> BuildSpec:
     """The spec for these knobs on ``arch`` (default: the live device). tma/stages/stage_bytes default from the
     environment (AMK_TMA=1 turns the sm_90+ weight ring on; AMK_STAGES, AMK_STAGE_BYTES: 4 x 32 KB; AMK_RING_WINDOW:
     the ring's copies in flight, 2, at most one less than the stages; ``ring_window`` overrides it); extra nvcc
@@ -165,7 +180,9 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
     (the loader asks for it when the program has hints). ``merge_unroll``: ATTN_MERGE's largest unrolled body (4, 8,
     16; 0 = none; the loader passes the smallest that covers the program's splits: merge_unroll_for). ``kv_ahead``:
     the attention stages at the top of shared memory, filled by the task before an early_kv 2 attention task.
-    ``flags``: the data-flagged activations' code (programs lowered with flag_hops)."""
+    ``flags``: the data-flagged activations' code (programs lowered with flag_hops). ``ops`` (0 = all),
+    ``attn_hds`` (None = both), ``qk_fold``, ``group_early``: the code a program's tasks can reach (vm.pack
+    build_trims); the defaults compile everything."""
     arch = arch or device_arch()
     if tma is None:
         tma = arch_major(arch) >= 9 and os.environ.get("AMK_TMA", "0") != "0"
@@ -182,7 +199,9 @@ def spec_for(threads: int = 512, prefetch_depth: int = 2, arch: str | None = Non
                      attn_stages=int(os.environ.get("AMK_ATTN_STAGES", 2)),
                      attn_stage_bytes=int(os.environ.get("AMK_ATTN_STAGE_BYTES", 32768)),
                      attn_early=bool(attn_early), merge_unroll=int(merge_unroll), kv_ahead=bool(kv_ahead),
-                     flags=bool(flags))
+                     flags=bool(flags), ops=int(ops) or ALL_OPS,
+                     attn_hds=ALL_ATTN_HDS if attn_hds is None else int(attn_hds), qk_fold=bool(qk_fold),
+                     group_early=bool(group_early))
 
 
 def dtype_mask(names) -> int:
@@ -229,6 +248,9 @@ def build(spec: BuildSpec, verbose: bool | None = None):
             if not _meta_ok(meta_path, digest, so):
                 from torch.utils.cpp_extension import load
                 bdir.mkdir(parents=True, exist_ok=True)
+                # torch's own build baton: a build killed mid-way (a timeout) leaves this file, and every later
+                # build of the same name then waits on it forever. Under our lock no other build of it can run.
+                (bdir / "lock").unlink(missing_ok=True)
                 try:
                     mod = load(name=name, sources=spec.sources, extra_cflags=spec.cflags(),
                                extra_cuda_cflags=spec.cuda_cflags(), extra_include_paths=[str(CSRC)],

@@ -318,6 +318,9 @@ class MegakernelVM:
         opname = spec.name if spec else f"unknown opcode {opcode}"
         t = next((x for x in self.program.tasks if x.id == task), None)
         where = f"task {task} ({opname}{', ' + t.label if t is not None and t.label else ''}) on SM {sm}"
+        if code == abi.STATUS_BAD_OPCODE and spec is not None and not self.spec.ops >> opcode & 1:
+            return (f"megakernel trap: opcode {opcode} ({spec.name}) in task {task} (instruction {detail}) on SM {sm} "
+                    f"is not compiled into this build, which has only the program's own opcodes (vm.pack build_trims)")
         if code == abi.STATUS_BAD_OPCODE:
             known = ", ".join(f"{s.code}={s.name}" for s in abi.OPCODE_BY_CODE.values())
             return (f"megakernel trap: unknown opcode {opcode} in task {task} (instruction {detail}) on SM {sm}; "

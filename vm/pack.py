@@ -277,6 +277,22 @@ def merge_unroll_for(program: MegakernelProgram) -> int:
     return next((u for u in (4, 8, 16) if ns <= u), 4)
 
 
+def build_trims(program: MegakernelProgram) -> dict:
+    """The code a program's tasks can reach, as vm.jit.spec_for arguments: its opcodes (``ops``: the others are
+    compiled out and would fail as unknown opcodes), its attention head dims (``attn_hds``: bit 0 = 64, bit 1 = 128;
+    the tensor-core body is compiled per head dim), whether an attention task folds QK-norm (``qk_fold``) and
+    whether an o_proj merges one KV group's partials into the residual (``group_early``: x_splits with
+    accumulate). The llama-3.2-1b build shrinks from 671 to 420 KB of SASS; measured -0.3% on an H100, equal on an
+    H200 (docs/PERF.md, forty-eighth session)."""
+    attn = [t for t in program.tasks if t.op in ("ATTN_DECODE", "ATTN_PARTIAL")]
+    hds = {int(t.params["head_dim"]) for t in attn}
+    return dict(ops=sum({1 << abi.OPCODES[t.op].code for t in program.tasks}),
+                attn_hds=int(64 in hds) | int(128 in hds) << 1,
+                qk_fold=any(int(t.params.get("qk_norm", 0)) for t in attn),
+                group_early=any(t.op == "GEMV" and int(t.params.get("x_splits", 0)) > 0
+                                and int(t.params.get("accumulate", 0)) for t in program.tasks))
+
+
 def select_build(program: MegakernelProgram, device, threads: int, prefetch_depth: int, tma: bool | None = None,
                  preload_kb: int | None = None) -> BuildChoice:
     """The extension spec a program needs on ``device`` (a torch.device with an index): its weight / KV dtypes,
@@ -297,7 +313,8 @@ def select_build(program: MegakernelProgram, device, threads: int, prefetch_dept
     early = any(t.params.get("early_kv", 0) for t in program.tasks)
     ahead = any(int(t.params.get("early_kv", 0)) == 2 for t in program.tasks)   # (the stages then sit at the top)
     code = dict(preload=want > 0, dtypes=dtypes, attn_early=early, merge_unroll=merge_unroll_for(program),
-                kv_ahead=ahead, flags=any(b.flagged for b in program.buffers))
+                kv_ahead=ahead, flags=any(b.flagged for b in program.buffers),
+                **({} if os.environ.get("AMK_NO_TRIM", "0") != "0" else build_trims(program)))
     ring = ring_knobs(program.config)   # the config's ring (ring_stages > 0) wins over the AMK_* environment
     if ring and tma is not False:
         tma = True

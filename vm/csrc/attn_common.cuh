@@ -25,6 +25,18 @@
 #ifndef AMK_ATTN_MMA
 #define AMK_ATTN_MMA 1
 #endif
+// AMK_ATTN_HD64 / AMK_ATTN_HD128: the head dims the tensor-core body is compiled for (default both; the loader
+// passes the program's own; a head dim without its body takes the generic path). AMK_QK_FOLD 0: the folded
+// QK-norm (amk_attn_fold_qk) compiled out, for programs without it (a task asking for it then fails BAD_INPUT).
+#ifndef AMK_ATTN_HD64
+#define AMK_ATTN_HD64 1
+#endif
+#ifndef AMK_ATTN_HD128
+#define AMK_ATTN_HD128 1
+#endif
+#ifndef AMK_QK_FOLD
+#define AMK_QK_FOLD 1
+#endif
 // -DAMK_ATTN_EARLY=0 compiles out the KV copies issued before the wait (amk_attn_early, ops_attention_mma.cuh):
 // the early_kv hint is then ignored.
 #ifndef AMK_ATTN_EARLY

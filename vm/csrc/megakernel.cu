@@ -72,6 +72,19 @@
 #ifndef AMK_DBG_TWICE_NOKV
 #define AMK_DBG_TWICE_NOKV 0
 #endif
+// AMK_OPS_MASK: the opcodes compiled into this build (bit 1 << AMK_OP_...; default all; the loader passes the
+// program's own, vm/pack.py select_build). A task whose opcode is not compiled in fails as an unknown opcode
+// (AMK_ERR_BAD_OPCODE). Leaving out the ops a program never runs cut the llama-3.2-1b build's SASS from 671 to
+// 420 KB (with the trims of attn_common.cuh and AMK_GROUP_EARLY); H100 -0.3% over two code layouts, H200 equal
+// (docs/PERF.md, forty-eighth session).
+#ifndef AMK_OPS_MASK
+#define AMK_OPS_MASK 0xFFFFFFFFu
+#endif
+#define AMK_HAS_OP(op) ((((unsigned)(AMK_OPS_MASK)) >> (op)) & 1u)
+// one dispatch case: the op where it is compiled in, else the unknown-opcode failure
+#define AMK_OP_CASE(OP, CALL) \
+  case AMK_OP_##OP:           \
+    if (AMK_HAS_OP(AMK_OP_##OP)) { CALL; break; } goto bad_op
 
 // Dynamic shared memory (floats) an instruction needs; vm/smem.py mirrors this formula (smem_floats).
 __device__ __forceinline__ int amk_smem_floats(const AmkInstr& in) {
@@ -116,23 +129,24 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
     return;
   }
   switch (op) {
-    case AMK_OP_EMBED: amk_op_embed(c); break;
-    case AMK_OP_RMSNORM: amk_op_rmsnorm(c); break;
-    case AMK_OP_GEMV: amk_op_gemv(c); break;
-    case AMK_OP_GEMV_SILU_MUL: amk_op_gemv_silu_mul(c); break;
-    case AMK_OP_GEMV_SILU_MUL_DOWN: amk_op_gemv_silu_mul_down(c); break;
-    case AMK_OP_QKV_ROPE: amk_op_qkv_rope(c); break;
-    case AMK_OP_QK_NORM_ROPE: amk_op_qk_norm_rope(c); break;
-    case AMK_OP_ATTN_DECODE: amk_op_attn(c, false); break;
-    case AMK_OP_ATTN_PARTIAL: amk_op_attn(c, true); break;
-    case AMK_OP_ATTN_MERGE: amk_op_attn_merge(c); break;
-    case AMK_OP_ADD: amk_op_add(c); break;
-    case AMK_OP_ARGMAX: amk_op_argmax(c); break;
-    case AMK_OP_ARGMAX_PARTIAL: amk_op_argmax_partial(c); break;
-    case AMK_OP_ARGMAX_MERGE: amk_op_argmax_merge(c); break;
-    case AMK_OP_ARGMAX_PAIRS: amk_op_argmax_pairs(c); break;
-    case AMK_OP_L2_PREFETCH: amk_op_l2_prefetch(c); break;
+    AMK_OP_CASE(EMBED, amk_op_embed(c));
+    AMK_OP_CASE(RMSNORM, amk_op_rmsnorm(c));
+    AMK_OP_CASE(GEMV, amk_op_gemv(c));
+    AMK_OP_CASE(GEMV_SILU_MUL, amk_op_gemv_silu_mul(c));
+    AMK_OP_CASE(GEMV_SILU_MUL_DOWN, amk_op_gemv_silu_mul_down(c));
+    AMK_OP_CASE(QKV_ROPE, amk_op_qkv_rope(c));
+    AMK_OP_CASE(QK_NORM_ROPE, amk_op_qk_norm_rope(c));
+    AMK_OP_CASE(ATTN_DECODE, amk_op_attn(c, false));
+    AMK_OP_CASE(ATTN_PARTIAL, amk_op_attn(c, true));
+    AMK_OP_CASE(ATTN_MERGE, amk_op_attn_merge(c));
+    AMK_OP_CASE(ADD, amk_op_add(c));
+    AMK_OP_CASE(ARGMAX, amk_op_argmax(c));
+    AMK_OP_CASE(ARGMAX_PARTIAL, amk_op_argmax_partial(c));
+    AMK_OP_CASE(ARGMAX_MERGE, amk_op_argmax_merge(c));
+    AMK_OP_CASE(ARGMAX_PAIRS, amk_op_argmax_pairs(c));
+    AMK_OP_CASE(L2_PREFETCH, amk_op_l2_prefetch(c));
     default:
+    bad_op:
       if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_OPCODE, c.instr_index);
       break;
   }

@@ -339,10 +339,10 @@ __device__ __forceinline__ bool amk_attn_fast(const AmkCtx& c, int dt, const flo
 #if AMK_ATTN_MMA && AMK_ATTN_FAST
   const bool bf = AMK_HAS_DTYPE(AMK_DTYPE_BF16) && dt == AMK_DTYPE_BF16;
   const bool hf = AMK_HAS_DTYPE(AMK_DTYPE_F16) && dt == AMK_DTYPE_F16;
-  if (r.D == 64) {
+  if (AMK_ATTN_HD64 && r.D == 64) {
     if (bf) return amk_attn_fast_d<AmkBF16, 64>(c, q, kc, vc, r, scale, out, partial);
     if (hf) return amk_attn_fast_d<AmkF16, 64>(c, q, kc, vc, r, scale, out, partial);
-  } else if (r.D == 128) {
+  } else if (AMK_ATTN_HD128 && r.D == 128) {
     if (bf) return amk_attn_fast_d<AmkBF16, 128>(c, q, kc, vc, r, scale, out, partial);
     if (hf) return amk_attn_fast_d<AmkF16, 128>(c, q, kc, vc, r, scale, out, partial);
   }
@@ -373,7 +373,13 @@ __device__ __noinline__ void amk_op_attn(const AmkCtx& c, bool partial) {
       (float*)amk_ptr(c, s_out) + (partial ? ((int64_t)kvh * ns + sp) * G * (D + 2) : (int64_t)kvh * G * D);
   // the group's q rows: from the q buffer, or (qk_norm) finished here from the RAW rows into o_s
   const float* q = (const float*)amk_ptr(c, AMK_ATTN_DECODE_IN_Q) + (int64_t)kvh * G * D;
-  if (qkn && !(q = amk_attn_fold_qk(c, r, partial, appk, s_out))) return;
+  if (qkn) {
+    if (!AMK_QK_FOLD) {
+      if (amk_tid() == 0) amk_fail(c, AMK_ERR_BAD_INPUT, r.pos);
+      return;
+    }
+    if (!(q = amk_attn_fold_qk(c, r, partial, appk, s_out))) return;
+  }
   // the tensor-core body, straight from here; AMK_ATTN_DIRECT: it writes out itself
   bool ok = amk_attn_fast(c, dt, q, kc, vc, r, scale, AMK_ATTN_DIRECT ? out : nullptr, partial);
   if (ok && AMK_ATTN_DIRECT) {

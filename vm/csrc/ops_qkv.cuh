@@ -16,6 +16,13 @@
 #include "ops_gemv.cuh"
 #include "rope.cuh"
 
+// AMK_DBG_QKV_NOSTREAM 1 (diagnostic builds only, wrong results): the RoPE-pair QKV tiles skip their weight stream
+// and dot products (the rest of the task runs), a bound on what the QKV phase's bytes cost (docs/PERF.md,
+// forty-eighth session).
+#ifndef AMK_DBG_QKV_NOSTREAM
+#define AMK_DBG_QKV_NOSTREAM 0
+#endif
+
 // ys[r] = (W[row0 + r, :] . xs) * xr + bias[row0 + r]   (r < rows; xr: the RMSNorm scale from amk_stage_x),
 // per-dtype body with its own register allocation
 template <class T>
@@ -78,9 +85,10 @@ __device__ __noinline__ void amk_op_qkv_rope(const AmkCtx& c) {
   const int half = hd >> 1, lane = amk_lane();
   const bool flat = mode == AMK_QKV_MODE_Q || mode == AMK_QKV_MODE_RAW;  // fp32 [heads, hd] destination
   if (pc > 0) {  // RoPE pairs [ps, ps+pc) of head h0 (the validator guarantees hn == 1 and no QK-norm)
-    amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
-      amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys, xr);
-    });
+    if (!AMK_DBG_QKV_NOSTREAM)
+      amk_dispatch_dtype(c, amk_dtype(c, AMK_QKV_ROPE_IN_W), [&](auto tag) {
+        amk_qkv_pairs_body<decltype(tag)>(c, xs, row0 + ps, half, pc, K, wbase, bias, bias_dt, ys, xr);
+      });
     amk_sync();
     if (*c.flag) return;
     const float* inv_freq = (const float*)amk_ptr(c, AMK_QKV_ROPE_IN_INV_FREQ);
