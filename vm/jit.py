@@ -7,7 +7,8 @@ sm_90a, sm_100a, ...). Its digest hashes every file in ``vm/csrc`` + flags + arc
 and names the module ``amk_mk_<digest>`` in ``$AMK_CACHE_DIR`` (default ``~/.cache/amk``). Reuse needs the metadata
 sidecar (``amk_build.json``) to match the digest; builds run under an ``fcntl`` lock, so concurrent processes build
 once and a second process imports the cached ``.so`` directly (no ninja, no nvcc). Measured on an H100: build 24-36 s,
-reload in a second process < 0.01 s.
+reload in a second process < 0.01 s. The loader's specs hold only the code their program reaches (``ops``,
+``attn_hds``, ``qk_fold``, ``group_early``: vm/pack.py ``build_trims``); ``AMK_NO_TRIM=1`` asks for full builds.
 
     mod = get_megakernel(threads=512, prefetch_depth=2)   # build or load, then cached in-process
     preload(program.config)                               # build ahead (e.g. while lowering)
