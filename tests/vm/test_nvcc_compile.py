@@ -31,8 +31,9 @@ def spills(stderr: str) -> dict[str, int]:
 
 # The preload build also carries the per-opcode no-wait diagnostic (sync.cuh AMK_DBG_NOWAIT_OPS: attention and
 # merge tasks skip their waits), the run-twice one (megakernel.cu AMK_DBG_TWICE_OPS, with AMK_DBG_TWICE_NOKV) and
-# the attention stage marks (AMK_DBG_ATTN_STAGE_MARKS), the GEMV setup mark (AMK_DBG_SETUP_MARK) and the QKV tiles
-# without their weight stream (AMK_DBG_QKV_NOSTREAM), so the diagnostic
+# the attention stage marks (AMK_DBG_ATTN_STAGE_MARKS), the GEMV setup mark (AMK_DBG_SETUP_MARK), the QKV tiles
+# without their weight stream (AMK_DBG_QKV_NOSTREAM) and the down tiles' split-K QKV cost (AMK_DBG_SPLITK_QKV), so the
+# diagnostic
 # switches scripts/ab_builds.py `diag:` variants use keep compiling; the ring build has the 4-split merge body only
 # (the loader's choice for 4 splits) and the A/B switches' other sides (the tensor-core body called from
 # amk_attn_core; the one-pass tile loop compiled but off; a code-layout pad, scripts/ab_builds.py --pads; the
@@ -49,7 +50,7 @@ def spills(stderr: str) -> dict[str, int]:
                                                           "-DAMK_DBG_TWICE_OPS=440", "-DAMK_DBG_TWICE_NOKV=1",
                                                           "-DAMK_MARKS=1", "-DAMK_DBG_ATTN_STAGE_MARKS=1",
                                                           "-DAMK_DBG_SETUP_MARK=1", "-DAMK_JOIN_OPS=0",
-                                                          "-DAMK_DBG_QKV_NOSTREAM=1")),
+                                                          "-DAMK_DBG_QKV_NOSTREAM=1", "-DAMK_DBG_SPLITK_QKV=1")),
                                                 (512, 0, ()),
                                                 (512, 0, ("-DAMK_KV_AHEAD=1", "-DAMK_ATTN_EARLY=1", "-DAMK_FLAGS=1"))],
                          ids=["ring", "preload", "default", "kv_ahead"])
