@@ -2,10 +2,10 @@
 // QKV as a split-K epilogue of the down tiles, with correct results. After every GEMV tile with a residual and
 // K >= AMK_DBG_SPLITK_MIN_K (llama-3.2-1b: the down tiles, K = 8192; o_proj has K = 2048), the block streams
 // rn x AMK_DBG_SPLITK_N bf16 weights (a contiguous slice of one of 16 per-layer copies in a 201 MB static device
-// array, as a transposed W_qkv's rows [r0, r0 + rn) would be) and adds y[r] * w[r, :] over its rn rows into a static fp32 [AMK_DBG_SPLITK_N]
-// accumulator with red.global.add (v4 on sm_90), before the task signals. Nobody reads the accumulator, so the
-// program's results are unchanged and the A/B is correctness-gated; the benefit side is the AMK_DBG_QKV_NOSTREAM
-// bound (ops_qkv.cuh).
+// array, as a transposed W_qkv's rows [r0, r0 + rn) would be) and adds y[r] * w[r, :] over its rn rows into a
+// static fp32 [AMK_DBG_SPLITK_N] accumulator with red.global.add (v4 on sm_90), before the task signals. Nobody
+// reads the accumulator, so the program's results are unchanged and the A/B is correctness-gated; the benefit side
+// is the AMK_DBG_QKV_NOSTREAM bound (ops_qkv.cuh). Default builds only (flagged y words are not decoded here).
 #pragma once
 #include "common.cuh"
 
@@ -48,12 +48,10 @@ __device__ __noinline__ void amk_dbg_splitk(const AmkCtx& c) {
     for (int r = 0; r < rn && r0 + r < AMK_DBG_SPLITK_ROWS; ++r) {
       const uint4 w = wl[(size_t)(r0 + r) * NC + cc];
       const float yr = __ldcg(y + r);
-      const uint32_t h[4] = {w.x, w.y, w.z, w.w};
+      float wf[8];
+      AmkBF16::unpack(w, wf);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        acc[2 * q] = fmaf(__uint_as_float(h[q] << 16), yr, acc[2 * q]);
-        acc[2 * q + 1] = fmaf(__uint_as_float(h[q] & 0xFFFF0000u), yr, acc[2 * q + 1]);
-      }
+      for (int e = 0; e < 8; ++e) acc[e] = fmaf(wf[e], yr, acc[e]);
     }
     float* dst = amk_dbg_splitk_acc + 8 * cc;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -67,4 +65,6 @@ __device__ __noinline__ void amk_dbg_splitk(const AmkCtx& c) {
   }
   if (amk_tid() == 0) amk_dbg_splitk_calls[blockIdx.x % 1024] = call + 1;  // (every thread read it before the barrier)
 }
+#else
+__device__ __forceinline__ void amk_dbg_splitk(const AmkCtx&) {}   // the default: nothing after a GEMV tile
 #endif
