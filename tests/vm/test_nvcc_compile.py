@@ -32,7 +32,8 @@ def spills(stderr: str) -> dict[str, int]:
 # The preload build also carries the per-opcode no-wait diagnostic (sync.cuh AMK_DBG_NOWAIT_OPS: attention and
 # merge tasks skip their waits), the run-twice one (megakernel.cu AMK_DBG_TWICE_OPS, with AMK_DBG_TWICE_NOKV) and
 # the attention stage marks (AMK_DBG_ATTN_STAGE_MARKS), the GEMV setup mark (AMK_DBG_SETUP_MARK), the QKV tiles
-# without their weight stream (AMK_DBG_QKV_NOSTREAM) and the down tiles' split-K QKV cost (AMK_DBG_SPLITK_QKV), so the
+# without their weight stream (AMK_DBG_QKV_NOSTREAM) and the down tiles' split-K QKV cost (AMK_DBG_SPLITK_QKV, its
+# L2-prefetch mode 3; the ring build has its reduce-only mode 2), so the
 # diagnostic
 # switches scripts/ab_builds.py `diag:` variants use keep compiling; the ring build has the 4-split merge body only
 # (the loader's choice for 4 splits) and the A/B switches' other sides (the tensor-core body called from
@@ -45,12 +46,14 @@ def spills(stderr: str) -> dict[str, int]:
 @pytest.mark.parametrize("threads,depth,path", [(480, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
                                                           "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4",
                                                           "-DAMK_ATTN_DIRECT=0", "-DAMK_MARKS=1",
-                                                          "-DAMK_DBG_RING_STAMPS=1", "-DAMK_FLAGS=1")),
+                                                          "-DAMK_DBG_RING_STAMPS=1", "-DAMK_FLAGS=1",
+                                                          "-DAMK_DBG_SPLITK_QKV=1", "-DAMK_DBG_SPLITK_MODE=2")),
                                                 (512, 0, ("-DAMK_PRELOAD=1", "-DAMK_DBG_NOWAIT_OPS=384",
                                                           "-DAMK_DBG_TWICE_OPS=440", "-DAMK_DBG_TWICE_NOKV=1",
                                                           "-DAMK_MARKS=1", "-DAMK_DBG_ATTN_STAGE_MARKS=1",
                                                           "-DAMK_DBG_SETUP_MARK=1", "-DAMK_JOIN_OPS=0",
-                                                          "-DAMK_DBG_QKV_NOSTREAM=1", "-DAMK_DBG_SPLITK_QKV=1")),
+                                                          "-DAMK_DBG_QKV_NOSTREAM=1", "-DAMK_DBG_SPLITK_QKV=1",
+                                                          "-DAMK_DBG_SPLITK_MODE=3")),
                                                 (512, 0, ()),
                                                 (512, 0, ("-DAMK_KV_AHEAD=1", "-DAMK_ATTN_EARLY=1", "-DAMK_FLAGS=1"))],
                          ids=["ring", "preload", "default", "kv_ahead"])

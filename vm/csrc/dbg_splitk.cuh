@@ -22,6 +22,11 @@
 #ifndef AMK_DBG_SPLITK_ROWS
 #define AMK_DBG_SPLITK_ROWS 2048   // the hidden size: rows of the transposed weight
 #endif
+#ifndef AMK_DBG_SPLITK_MODE
+// 0: stream + reduce after the tile; 1: stream only (sums stored to a per-block scratch, no atomics); 2: reduce only
+// (no weight loads: y times a constant); 3: as 0, with the slice prefetched into L2 at the task's start (before its wait)
+#define AMK_DBG_SPLITK_MODE 0
+#endif
 #ifndef AMK_DBG_SPLITK_LAYERS
 #define AMK_DBG_SPLITK_LAYERS 16   // weight copies, one per layer: the same 12.6 MB every layer would stay in L2
 #endif
@@ -30,10 +35,37 @@ static_assert(AMK_DBG_SPLITK_N % 8 == 0, "AMK_DBG_SPLITK_N: whole 16-byte chunks
 __device__ uint4 amk_dbg_splitk_w[(size_t)AMK_DBG_SPLITK_LAYERS * AMK_DBG_SPLITK_ROWS * AMK_DBG_SPLITK_N / 8];
 __device__ float amk_dbg_splitk_acc[AMK_DBG_SPLITK_N];
 __device__ unsigned amk_dbg_splitk_calls[1024];   // per block (grids of up to 1024 blocks)
+__device__ float amk_dbg_splitk_scratch[1024 * AMK_DBG_SPLITK_N];   // mode 1: per-block sums, nobody reads them
+
+__device__ __forceinline__ bool amk_dbg_splitk_applies(const AmkInstr& in) {
+  return in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0 && in.ip[AMK_GEMV_IP_K] >= AMK_DBG_SPLITK_MIN_K;
+}
+
+// Mode 3: thread 0 asks L2 for the tile's slice before the GEMV's wait (the weights do not depend on the wait).
+__device__ __forceinline__ void amk_dbg_splitk_pre(const AmkCtx& c) {
+#if AMK_DBG_SPLITK_MODE == 3 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const AmkInstr& in = *c.ins;
+  if (amk_tid() != 0 || !amk_dbg_splitk_applies(in)) return;
+  const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT];
+  const unsigned call = amk_dbg_splitk_calls[blockIdx.x % 1024];
+  constexpr int NC = AMK_DBG_SPLITK_N / 8;
+  const int rows = r0 + rn <= AMK_DBG_SPLITK_ROWS ? rn : AMK_DBG_SPLITK_ROWS - r0;
+  if (rows <= 0) return;
+  const char* base = (const char*)(amk_dbg_splitk_w + ((size_t)(call % AMK_DBG_SPLITK_LAYERS) * AMK_DBG_SPLITK_ROWS
+                                                       + r0) * NC);
+  const int64_t bytes = (int64_t)rows * NC * 16;
+  for (int64_t o = 0; o < bytes; o += 16384) {
+    const unsigned sz = (unsigned)(bytes - o < 16384 ? bytes - o : 16384);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + o), "r"(sz) : "memory");
+  }
+#else
+  (void)c;
+#endif
+}
 
 __device__ __noinline__ void amk_dbg_splitk(const AmkCtx& c) {
   const AmkInstr& in = *c.ins;
-  if (in.ip[AMK_GEMV_IP_HAS_RESIDUAL] == 0 || in.ip[AMK_GEMV_IP_K] < AMK_DBG_SPLITK_MIN_K) return;
+  if (!amk_dbg_splitk_applies(in)) return;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT];
   int s = AMK_GEMV_N_REQUIRED_IN + (in.ip[AMK_GEMV_IP_HAS_NORM] != 0) + (in.ip[AMK_GEMV_IP_HAS_BIAS] != 0) + 1;
   const float* y = (const float*)amk_ptr(c, s) + r0;  // this tile's rows, written by this block before the barrier
@@ -41,30 +73,41 @@ __device__ __noinline__ void amk_dbg_splitk(const AmkCtx& c) {
   amk_sync();
   if (*c.flag) return;
   constexpr int NC = AMK_DBG_SPLITK_N / 8;  // 16-byte chunks per weight row
+#if AMK_DBG_SPLITK_MODE != 2
   const uint4* wl = amk_dbg_splitk_w + (size_t)(call % AMK_DBG_SPLITK_LAYERS) * AMK_DBG_SPLITK_ROWS * NC;
+#endif
   for (int cc = amk_tid(); cc < NC; cc += AMK_THREADS) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 16
     for (int r = 0; r < rn && r0 + r < AMK_DBG_SPLITK_ROWS; ++r) {
-      const uint4 w = wl[(size_t)(r0 + r) * NC + cc];
       const float yr = __ldcg(y + r);
       float wf[8];
+#if AMK_DBG_SPLITK_MODE == 2
+      for (int e = 0; e < 8; ++e) wf[e] = 0.25f * (float)(e + 1);
+#else
+      const uint4 w = wl[(size_t)(r0 + r) * NC + cc];
       AmkBF16::unpack(w, wf);
+#endif
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = fmaf(wf[e], yr, acc[e]);
     }
+#if AMK_DBG_SPLITK_MODE == 1
+    float4* sc = (float4*)(amk_dbg_splitk_scratch + (size_t)(blockIdx.x % 1024) * AMK_DBG_SPLITK_N + 8 * cc);
+    sc[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    sc[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     float* dst = amk_dbg_splitk_acc + 8 * cc;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(acc[0]), "f"(acc[1]), "f"(acc[2]),
                  "f"(acc[3]) : "memory");
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 4), "f"(acc[4]), "f"(acc[5]),
                  "f"(acc[6]), "f"(acc[7]) : "memory");
 #else
-    for (int e = 0; e < 8; ++e) atomicAdd(dst + e, acc[e]);
+    for (int e = 0; e < 8; ++e) atomicAdd(amk_dbg_splitk_acc + 8 * cc + e, acc[e]);
 #endif
   }
   if (amk_tid() == 0) amk_dbg_splitk_calls[blockIdx.x % 1024] = call + 1;  // (every thread read it before the barrier)
 }
 #else
+__device__ __forceinline__ void amk_dbg_splitk_pre(const AmkCtx&) {}   // the default: nothing before a GEMV tile
 __device__ __forceinline__ void amk_dbg_splitk(const AmkCtx&) {}   // the default: nothing after a GEMV tile
 #endif

@@ -132,7 +132,7 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
   switch (op) {
     AMK_OP_CASE(EMBED, amk_op_embed(c));
     AMK_OP_CASE(RMSNORM, amk_op_rmsnorm(c));
-    AMK_OP_CASE(GEMV, amk_op_gemv(c); amk_dbg_splitk(c));   // (the diagnostic epilogue: a no-op unless switched on)
+    AMK_OP_CASE(GEMV, amk_dbg_splitk_pre(c); amk_op_gemv(c); amk_dbg_splitk(c));   // (diagnostic hooks: no-ops unless on)
     AMK_OP_CASE(GEMV_SILU_MUL, amk_op_gemv_silu_mul(c));
     AMK_OP_CASE(GEMV_SILU_MUL_DOWN, amk_op_gemv_silu_mul_down(c));
     AMK_OP_CASE(QKV_ROPE, amk_op_qkv_rope(c));
