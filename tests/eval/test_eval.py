@@ -71,6 +71,22 @@ def test_roofline_llama_1b_hand_checked():
     assert pct_of_roofline(1000.0, rl["floor_us"]) == pytest.approx(rl["floor_us"] / 10)
 
 
+def test_bench_floors_report_copy_and_withhold_under_the_lowest():
+    """The bench record's % of roofline is taken against the table's floor (bytes / measured copy bandwidth); a
+    latency is withheld only under the lowest floor any known bandwidth gives (hand-checked bytes, as above)."""
+    from eval.bench import floors
+    p = lower(load_model("llama-3.2-1b", dtype="bf16", device="meta"), TARGETS["h100"], {}, max_seq=1024)
+    total = 2_471_628_800 + 16_777_216
+    nominal = total / (TARGETS["h100"].hbm_gbps * 1e9) * 1e6
+    assert floors(p, 512) == pytest.approx((nominal, nominal))          # no measurement: the target's bandwidth
+    report, withhold = floors(p, 512, {"read_gbps": 3096.1, "copy_gbps": 3006.7})
+    assert report == pytest.approx(total / 3006.7e9 * 1e6)              # ~827.6 us: the bench table's floor
+    assert withhold == pytest.approx(total / 3096.1e9 * 1e6)            # the read rate is the fastest here
+    assert withhold < report
+    slow = floors(p, 512, {"read_gbps": 2000.0, "copy_gbps": 1900.0})  # a slow measurement never raises the bar
+    assert slow[0] == pytest.approx(total / 1900e9 * 1e6) and slow[1] == pytest.approx(nominal)
+
+
 def test_cost_model_orders_obvious_cases():
     g = load_model("llama-3.2-1b", dtype="bf16")
     full = predict_us(lower(g, TARGETS["h100"], {}), ctx=512)

@@ -31,6 +31,7 @@
 #include "ops_embed_norm.cuh"
 #include "ops_attention.cuh"
 #include "ops_gemv.cuh"
+#include "ops_mlp.cuh"
 #include "ops_qkv.cuh"
 #include "ops_misc.cuh"
 #include "dbg_splitk.cuh"
