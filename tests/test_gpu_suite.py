@@ -1,0 +1,60 @@
+"""scripts/gpu_suite.py's pure parts (no GPU): the id range, the contiguous shards, the pytest -v parsing; and one
+real run over a small CPU test file in two shards."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "scripts" / "gpu_suite.py")
+gpu_suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_suite)
+
+IDS = [f"tests/x.py::test_{i}" for i in range(1, 12)]   # 11 ids: an odd count on purpose
+
+
+@pytest.mark.parametrize("k,sizes", [(1, [11]), (2, [6, 5]), (3, [4, 4, 3]), (4, [3, 3, 3, 2]), (20, [1] * 11)])
+def test_shards_are_contiguous_and_cover_every_id_once(k, sizes):
+    parts = gpu_suite.shard(IDS, k)
+    assert [len(p) for p in parts] == sizes
+    assert [t for p in parts for t in p] == IDS           # contiguous, in order, no id twice or lost
+
+
+def test_range_is_one_based_and_inclusive():
+    assert gpu_suite.pick_range(IDS, "3:5") == IDS[2:5]
+    assert gpu_suite.pick_range(IDS, "10:") == IDS[9:]
+    assert gpu_suite.pick_range(IDS, ":2") == IDS[:2]
+    assert gpu_suite.pick_range(IDS, None) == IDS
+    for bad in ("0:3", "5:4", "3:12", "7"):
+        with pytest.raises(SystemExit, match="--range"):
+            gpu_suite.pick_range(IDS, bad)
+
+
+def test_parse_results_reads_pytest_v_lines():
+    text = "\n".join([
+        "tests/x.py::test_1 PASSED                                 [ 10%]",
+        "tests/x.py::test_2[a-b] FAILED                            [ 20%]",
+        "tests/x.py::test_3 SKIPPED (needs a CUDA GPU)             [ 30%]",
+        "tests/x.py::test_4 PASSED                                 [ 40%]",
+        "tests/x.py::test_4 ERROR                                  [ 40%]",   # teardown error after a pass
+        "FAILED tests/x.py::test_2[a-b] - AssertionError",                   # the summary line is not a result
+    ])
+    assert gpu_suite.parse_results(text) == {"tests/x.py::test_1": "PASSED", "tests/x.py::test_2[a-b]": "FAILED",
+                                             "tests/x.py::test_3": "SKIPPED", "tests/x.py::test_4": "ERROR"}
+
+
+def test_two_shards_run_a_real_file(tmp_path):
+    """The script end to end on a CPU test file: every id runs in one of the two shards, none fails."""
+    env = {**os.environ, "OUT": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_suite.py"), "tests/test_ab_builds.py",
+                        "--shards", "2", "--budget", "300"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "in 2 shards" in r.stdout and "FAILED" not in r.stdout and "NOT RUN" not in r.stdout, r.stdout
+    logs = sorted(tmp_path.glob("gpu_suite_shard*.log"))
+    assert len(logs) == 2 and all(" PASSED" in p.read_text() for p in logs)
