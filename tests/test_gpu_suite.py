@@ -42,10 +42,12 @@ def test_parse_results_reads_pytest_v_lines():
         "tests/x.py::test_3 SKIPPED (needs a CUDA GPU)             [ 30%]",
         "tests/x.py::test_4 PASSED                                 [ 40%]",
         "tests/x.py::test_4 ERROR                                  [ 40%]",   # teardown error after a pass
+        "tests/x.py::test_5[args1-unknown model 'gpt-17'] PASSED   [ 50%]",   # an id with spaces and quotes
         "FAILED tests/x.py::test_2[a-b] - AssertionError",                   # the summary line is not a result
     ])
     assert gpu_suite.parse_results(text) == {"tests/x.py::test_1": "PASSED", "tests/x.py::test_2[a-b]": "FAILED",
-                                             "tests/x.py::test_3": "SKIPPED", "tests/x.py::test_4": "ERROR"}
+                                             "tests/x.py::test_3": "SKIPPED", "tests/x.py::test_4": "ERROR",
+                                             "tests/x.py::test_5[args1-unknown model 'gpt-17']": "PASSED"}
 
 
 def test_two_shards_run_a_real_file(tmp_path):
@@ -58,3 +60,38 @@ def test_two_shards_run_a_real_file(tmp_path):
     assert "in 2 shards" in r.stdout and "FAILED" not in r.stdout and "NOT RUN" not in r.stdout, r.stdout
     logs = sorted(tmp_path.glob("gpu_suite_shard*.log"))
     assert len(logs) == 2 and all(" PASSED" in p.read_text() for p in logs)
+
+
+FLAKY = """
+import pathlib
+import pytest
+
+
+def test_fails_once():   # fails in its shard, passes when run again alone
+    mark = pathlib.Path(__file__).with_name("ran_once")
+    if not mark.exists():
+        mark.write_text("x")
+        assert False, "first run"
+
+
+def test_always_fails():
+    assert 1 + 1 == 3
+
+
+@pytest.mark.parametrize("msg", ["unknown model 'gpt-17'", "plain"])
+def test_ids_with_spaces(msg):
+    assert msg
+"""
+
+
+def test_failures_run_again_alone_and_the_exit_status_says_so(tmp_path):
+    (tmp_path / "test_flaky.py").write_text(FLAKY)
+    env = {**os.environ, "OUT": str(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_suite.py"), "test_flaky.py", "--root",
+                        str(tmp_path), "--shards", "2", "--budget", "300"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "PASSED ALONE (failed next to another shard): test_flaky.py::test_fails_once" in r.stdout, r.stdout
+    assert "FAILED: test_flaky.py::test_always_fails FAILED" in r.stdout, r.stdout
+    assert "NOT RUN" not in r.stdout and "ERROR" not in r.stdout, r.stdout   # the ids with spaces were parsed
+    assert "4 ids in 2 shards" in r.stdout
