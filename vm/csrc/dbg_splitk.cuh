@@ -8,6 +8,7 @@
 // is the AMK_DBG_QKV_NOSTREAM bound (ops_qkv.cuh). Default builds only (flagged y words are not decoded here).
 #pragma once
 #include "common.cuh"
+#include "sync.cuh"   // amk_prefetch_range (mode 3)
 
 #ifndef AMK_DBG_SPLITK_QKV
 #define AMK_DBG_SPLITK_QKV 0
@@ -24,7 +25,7 @@
 #endif
 #ifndef AMK_DBG_SPLITK_MODE
 // 0: stream + reduce after the tile; 1: stream only (sums stored to a per-block scratch, no atomics); 2: reduce only
-// (no weight loads: y times a constant); 3: as 0, with the slice prefetched into L2 at the task's start (before its wait)
+// (no weight loads: y times a constant); 3: as 0, with the slice asked into L2 as the op starts (after its wait)
 #define AMK_DBG_SPLITK_MODE 0
 #endif
 #ifndef AMK_DBG_SPLITK_LAYERS
@@ -41,23 +42,17 @@ __device__ __forceinline__ bool amk_dbg_splitk_applies(const AmkInstr& in) {
   return in.ip[AMK_GEMV_IP_HAS_RESIDUAL] != 0 && in.ip[AMK_GEMV_IP_K] >= AMK_DBG_SPLITK_MIN_K;
 }
 
-// Mode 3: thread 0 asks L2 for the tile's slice before the GEMV's wait (the weights do not depend on the wait).
+// Mode 3: the block asks L2 for the tile's slice as the GEMV op starts (after its wait, before its own stream).
 __device__ __forceinline__ void amk_dbg_splitk_pre(const AmkCtx& c) {
-#if AMK_DBG_SPLITK_MODE == 3 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if AMK_DBG_SPLITK_MODE == 3
   const AmkInstr& in = *c.ins;
-  if (amk_tid() != 0 || !amk_dbg_splitk_applies(in)) return;
+  if (!amk_dbg_splitk_applies(in)) return;
   const int r0 = in.ip[AMK_GEMV_IP_ROW_START], rn = in.ip[AMK_GEMV_IP_ROW_COUNT];
   const unsigned call = amk_dbg_splitk_calls[blockIdx.x % 1024];
   constexpr int NC = AMK_DBG_SPLITK_N / 8;
   const int rows = r0 + rn <= AMK_DBG_SPLITK_ROWS ? rn : AMK_DBG_SPLITK_ROWS - r0;
-  if (rows <= 0) return;
-  const char* base = (const char*)(amk_dbg_splitk_w + ((size_t)(call % AMK_DBG_SPLITK_LAYERS) * AMK_DBG_SPLITK_ROWS
-                                                       + r0) * NC);
-  const int64_t bytes = (int64_t)rows * NC * 16;
-  for (int64_t o = 0; o < bytes; o += 16384) {
-    const unsigned sz = (unsigned)(bytes - o < 16384 ? bytes - o : 16384);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(base + o), "r"(sz) : "memory");
-  }
+  const uint4* base = amk_dbg_splitk_w + ((size_t)(call % AMK_DBG_SPLITK_LAYERS) * AMK_DBG_SPLITK_ROWS + r0) * NC;
+  amk_prefetch_range((uint64_t)base, (int64_t)rows * NC * 16);
 #else
   (void)c;
 #endif
