@@ -207,7 +207,7 @@ def cmd_generate(args) -> int:
         tokens = greedy_decode(vm.step, prompt, args.max_tokens)
     else:
         from eval.generate import gpu_generate
-        from eval.roofline import roofline
+        from eval.roofline import pct_of_roofline, roofline
         from vm import jit
         from vm.loader import MegakernelVM
         prog = lower(graph, get_target(args.gpu), cfg, max_seq=need)
@@ -226,8 +226,10 @@ def cmd_generate(args) -> int:
             print()
         tokens = st.pop("tokens")
         rl = roofline(prog, ctx=len(prompt) + args.max_tokens // 2)
-        st.update({"build": build, "floor_us": round(rl["floor_us"], 1),
-                   "pct_of_roofline": round(100 * rl["floor_us"] / st["decode_us_per_token"], 1)})
+        # significant figures, not fixed decimals: a tiny model's floor is a fraction of a microsecond and its
+        # share of the roofline well under 0.1% (a fixed 0.1 rounding reported 0.0 for both)
+        st.update({"build": build, "floor_us": float(f"{rl['floor_us']:.4g}"),
+                   "pct_of_roofline": float(f"{pct_of_roofline(st['decode_us_per_token'], rl['floor_us']):.4g}")})
         gpu_stats = st
     dt = time.perf_counter() - t0
     out = {"tokens": tokens, "seconds": round(dt, 3), "device": args.device}
