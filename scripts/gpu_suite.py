@@ -16,8 +16,9 @@ build baton). The shards share one GPU, so a timing assertion can fail next to a
 forty-ninth session: a tiny model's decode timed at 0.0% of its roofline): in the time the budget leaves, the
 failed ids run again in one process, and those that pass alone are listed as such (--no-rerun: not). The last lines are a table per shard and the ids that failed or did not run; the exit status is 1
 if any test failed or errored or a shard's pytest itself failed (a usage error, nothing collected), else 0 (ids the
-budget left unrun are listed, not failed). Paths lie inside the repository (the ids run from its root), or in --root. Logs: $OUT/gpu_suite_shard*.log
-(or /tmp without $OUT).
+budget left unrun are listed, not failed). Paths lie inside the repository (the ids run from its root), or in --root. Logs: $OUT/gpu_suite_PID_shard*.log
+(or /tmp without $OUT; the process id keeps two runs side by side from writing into each other's logs, which the
+fiftieth session's first try of that did, and read as ids not run).
 """
 from __future__ import annotations
 
@@ -82,12 +83,17 @@ def parse_results(text: str) -> dict[str, str]:
     return res
 
 
+def log_path(out: pathlib.Path, tag: str, i: int) -> pathlib.Path:
+    """Part i's log: named by this process, so concurrent runs of the script never share one."""
+    return out / f"gpu_suite_{os.getpid()}_{tag}{i}.log"
+
+
 def run_shards(parts: list[list[str]], budget: int, out: pathlib.Path, tag: str,
                root: pathlib.Path = ROOT) -> list[tuple[list[str], int, dict]]:
     """Each part as one pytest process, all at once; per part (ids, exit status, id -> outcome)."""
     procs = []
     for i, part in enumerate(parts):
-        log = open(out / f"gpu_suite_{tag}{i}.log", "w")
+        log = open(log_path(out, tag, i), "w")
         cmd = ["timeout", "--signal=INT", "--kill-after=20", str(budget), sys.executable, "-m", "pytest", "-v",
                "-p", "no:cacheprovider", *part]
         procs.append((subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT), log))
@@ -95,7 +101,7 @@ def run_shards(parts: list[list[str]], budget: int, out: pathlib.Path, tag: str,
     for i, (p, log) in enumerate(procs):
         rc = p.wait()
         log.close()
-        res.append((parts[i], rc, parse_results((out / f"gpu_suite_{tag}{i}.log").read_text(errors="replace"))))
+        res.append((parts[i], rc, parse_results(log_path(out, tag, i).read_text(errors="replace"))))
     return res
 
 
@@ -125,7 +131,7 @@ def main() -> int:
         rows.append(f"shard {i}: {len(part):4d} ids, {done}" + (f", {len(left)} not run" if left else "")
                     + f" (rc {rc}{': budget spent' if rc == 124 else ''})")
         if rc in (2, 3, 4, 5):   # pytest interrupted, internal or usage error, nothing collected (124: the budget)
-            broken.append(f"shard {i}: pytest exited {rc}, see {out / f'gpu_suite_shard{i}.log'}")
+            broken.append(f"shard {i}: pytest exited {rc}, see {log_path(out, 'shard', i)}")
     print(f"gpu_suite: {len(ids)} ids in {len(parts)} shards")
     print("\n".join(rows))
     # the shards share one GPU: a timing assertion can fail under another shard's load, so failures run again alone

@@ -58,7 +58,7 @@ def test_two_shards_run_a_real_file(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "in 2 shards" in r.stdout and "FAILED" not in r.stdout and "NOT RUN" not in r.stdout, r.stdout
-    logs = sorted(tmp_path.glob("gpu_suite_shard*.log"))
+    logs = sorted(tmp_path.glob("gpu_suite_*_shard*.log"))
     assert len(logs) == 2 and all(" PASSED" in p.read_text() for p in logs)
 
 
@@ -95,3 +95,29 @@ def test_failures_run_again_alone_and_the_exit_status_says_so(tmp_path):
     assert "FAILED: test_flaky.py::test_always_fails FAILED" in r.stdout, r.stdout
     assert "NOT RUN" not in r.stdout and "ERROR" not in r.stdout, r.stdout   # the ids with spaces were parsed
     assert "4 ids in 2 shards" in r.stdout
+
+
+MANY = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_passes(i):
+    assert i * i >= 0
+"""
+
+
+def test_two_runs_side_by_side_keep_their_own_logs(tmp_path):
+    """Two runs at once into one $OUT (the fiftieth session's device call) each read only their own shards' logs:
+    every id of both is reported passed, none 'not run'."""
+    (tmp_path / "test_many.py").write_text(MANY)
+    env = {**os.environ, "OUT": str(tmp_path)}
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_suite.py"), "test_many.py", "--root", str(tmp_path),
+           "--shards", "2", "--budget", "300"]
+    runs = [subprocess.Popen(cmd + ["--range", rng], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for rng in ("1:4", "3:6")]
+    outs = [p.communicate(timeout=600)[0] for p in runs]
+    for p, out in zip(runs, outs):
+        assert p.returncode == 0, out
+        assert "4 ids in 2 shards" in out and "NOT RUN" not in out and out.count(", 2 passed (rc 0)") == 2, out
+    assert len(list(tmp_path.glob("gpu_suite_*_shard*.log"))) == 4
