@@ -8,22 +8,19 @@ here fails ``test_every_program_knob_has_a_structural_check``.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from flywheel.prior import KNOB_BY_NAME, KNOBS, defaults
-from schedule.graph import load_model
-from schedule.ir import ScheduleConfig, get_target
+from schedule.ir import ScheduleConfig
 from schedule.lower import lower, qkv_reserve, qkv_split_for
+from tests.schedule.lower_helpers import H100, LLAMA1B as _LLAMA1B, QWEN06 as _QWEN06, TOY
+from tests.schedule.lower_helpers import count as _count, structure as _structure
 
-TOY = load_model("toy", dtype="f32")
 C = TOY.config
-H100 = get_target("h100")
 
 
 # what an auto default resolves to on the toy: the same program as the default, so not an alternative here
-# (test_qkv_head_split_auto checks that value)
+# (test_auto_rules.py test_qkv_head_split_auto checks that value)
 AUTO_ON_TOY = {"qkv_head_split": qkv_split_for(0, 1, C.n_heads, C.n_kv_heads, C.head_dim, H100.sm_count,
                                                qkv_reserve(ScheduleConfig(), C.n_kv_heads, 64)),
                # the toy's few QKV tasks leave most SMs idle: auto places attention there, with 4 splits
@@ -51,16 +48,6 @@ def _lower(**changes):
     return lower(TOY, H100, {**defaults(), **changes})
 
 
-def _structure(prog) -> str:
-    d = prog.to_dict()
-    d.pop("config"), d.pop("meta")
-    return json.dumps(d, sort_keys=True)
-
-
-def _count(prog, op=None, label=None) -> int:
-    return sum(1 for t in prog.tasks if (op is None or t.op == op) and (label is None or label in t.label))
-
-
 def _tiles(n, size):
     return -(-n // size)
 
@@ -85,26 +72,6 @@ def _check_mlp_rows(p, v):
 def _check_lm_head_rows(p, v):   # on llama-3.2-1b's shapes (WIDE): auto makes whole waves there
     vocab = next(b.numel for b in p.buffers if b.name == "logits")
     assert _count(p, "GEMV", "lm_head") == _tiles(vocab, v)
-
-
-@pytest.mark.parametrize("model,sms,tiles,cap", [("toy", 132, 1, 313), ("llama-3.2-1b", 132, 132, 972),
-                                                  ("qwen3-0.6b", 132, 132, 1152), ("llama-3.2-1b", 64, 64, 2004),
-                                                  ("qwen3-0.6b", 100, 100, 1520), ("qwen3-0.6b", 74, 370, 411),
-                                                  ("llama-3.2-1b", 62, 310, 414)])
-def test_lm_head_rows_auto_fills_whole_waves(model, sms, tiles, cap):
-    """lm_head_rows 0: tiles of at most 512 rows; more tiles than SMs -> one wave of one tile per SM where those are
-    at most 2048 rows (llama's 128256 rows: 972 on 132 SMs, 2004 on 64; qwen3's 151936: 1152 on 132), else the
-    512-row tile count rounded up to whole waves (qwen3 on 74 SMs would need 2054 rows: 297 tiles -> 5 waves of 74;
-    llama on 62 SMs 2069: 251 -> 5 waves of 62); sizes within one row of each other (cap: the largest, hand-computed),
-    covering the vocabulary once in order."""
-    g = TOY if model == "toy" else load_model(model, dtype="bf16", device="meta")
-    p = lower(g, H100, {**defaults(), "num_sms": sms}, max_seq=64)
-    lm = [t for t in p.tasks if t.label.startswith("lm_head")]
-    assert len(lm) == tiles and (tiles <= sms or tiles % sms == 0)
-    rows = [t.params["row_count"] for t in lm]
-    assert max(rows) == cap and max(rows) - min(rows) <= (1 if tiles > 1 else 0)
-    assert [t.params["row_start"] for t in lm] == [sum(rows[:i]) for i in range(tiles)]
-    assert sum(rows) == g.config.vocab
 
 
 def _check_qkv_heads(p, v):
@@ -420,10 +387,8 @@ REQUIRES = {"mlp_prefetch_at": {"mlp_prefetch_kb": 64}, "mlp_prefetch_delay_ns":
             "mlp_prefetch_from": {"mlp_prefetch_kb": 64}, "gemv_rows": {"num_sms": 2}, "mlp_rows": {"num_sms": 2},
             "dyn_mlp_static": {"dyn_mlp_rows": 4, "num_sms": 7}, "step_placement": {"steps_per_launch": 2},
             "ring_stage_kb": {"ring_stages": 4}, "ring_window": {"ring_stages": 12}}
-# knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors)
-_LLAMA1B = load_model("llama-3.2-1b", dtype="bf16", device="meta")
-# ... and knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
-_QWEN06 = load_model("qwen3-0.6b", dtype="bf16", device="meta")
+# knobs whose values differ only on bigger tiles than the toy's: compared on llama-3.2-1b's shapes (meta tensors);
+# knobs that only touch QK-norm models with split QKV heads: on qwen3-0.6b's shapes
 WIDE = {"mlp_prefetch_kb": _LLAMA1B, "mlp_prefetch_from": _LLAMA1B, "lm_head_rows": _LLAMA1B, "mlp_prefetch_spread": _LLAMA1B,
         "fold_qk_norm": _QWEN06, "step_placement": _LLAMA1B}
 
@@ -541,43 +506,6 @@ def test_program_knob_changes_the_program(knob, value):
     STRUCTURAL[knob.name](prog, value)
 
 
-@pytest.mark.parametrize("model,sms,cfg,max_seq,want", [
-    ("toy", 132, {}, 64, 8), ("llama-3.2-1b", 132, {}, 64, 2), ("llama-3.1-8b", 132, {}, 64, 2),
-    ("llama-3.2-3b", 132, {}, 64, 2),
-    # 4 x 32 = 128 QKV tasks leave 4 SMs: 2 per head leaves 68 for the 8 x 4 attention tasks
-    ("qwen3-0.6b", 132, {}, 64, 2), ("qwen3-0.6b", 132, {"attn_splits": 8}, 64, 2),   # 64 + 64 <= 132
-    ("qwen3-0.6b", 132, {"sm_assignment": "list"}, 64, 4),    # no idle placement: one wave of QKV tasks
-    ("qwen3-0.6b", 132, {}, 8192, 4),                         # long context: one wave of splits, no reserve
-    ("qwen3-0.6b", 132, {"attn_splits": 16}, 64, 4),          # 64 + 128 > 132: the wave alone
-    ("qwen3-0.6b", 100, {}, 64, 2), ("llama-3.2-1b", 40, {}, 64, 1)])
-def test_qkv_head_split_auto(model, sms, cfg, max_seq, want):
-    """qkv_head_split 0: the largest split whose (n_heads + 2 n_kv) x split QKV tasks fit one wave of SMs next to
-    the reserve the idle placement needs for attention (n_kv x splits: sm_assignment auto / list_idle and few
-    splits), else in one wave alone; and the same program as that split given explicitly."""
-    g = TOY if model == "toy" else load_model(model, dtype="bf16", device="meta")
-    c = g.config
-    conf = ScheduleConfig(**{**cfg, "num_sms": sms})
-    reserve = qkv_reserve(conf, c.n_kv_heads, max_seq)
-    assert qkv_split_for(0, 1, c.n_heads, c.n_kv_heads, c.head_dim, sms, reserve) == want
-    assert want == 1 or (c.n_heads + 2 * c.n_kv_heads) * want <= sms   # 1 when even whole heads do not fit
-    auto = lower(g, H100, {**defaults(), **cfg, "num_sms": sms}, max_seq=max_seq)
-    explicit = lower(g, H100, {**defaults(), **cfg, "num_sms": sms, "qkv_head_split": want}, max_seq=max_seq)
-    assert _structure(auto) == _structure(explicit)
-    assert qkv_split_for(0, 2, c.n_heads, c.n_kv_heads, c.head_dim, sms) == 1   # several q heads per task: no split
-
-
-def test_qkv_reserve():
-    """The reserve follows the placement and the split count: n_kv x 4 (auto splits) up to 2048 positions, n_kv x
-    the knob's splits, none under the 'list' / 'lpt' / 'round_robin' placements or auto splits at long context."""
-    assert qkv_reserve(ScheduleConfig(), 8, 512) == 32
-    assert qkv_reserve(ScheduleConfig(sm_assignment="list_idle"), 8, 2048) == 32
-    assert qkv_reserve(ScheduleConfig(), 8, 2049) == 0
-    assert qkv_reserve(ScheduleConfig(attn_splits=8), 8, 8192) == 64
-    assert qkv_reserve(ScheduleConfig(attn_splits=8), 8, 5) == 40   # at most one split per position
-    for pol in ("list", "lpt", "round_robin"):
-        assert qkv_reserve(ScheduleConfig(sm_assignment=pol), 8, 512) == 0
-
-
 def _build_flags():
     """vm.jit.build_flags(config) if the VM exposes it, else the same from its BuildSpec (arch pinned, no GPU)."""
     try:
@@ -616,74 +544,3 @@ def test_launch_knob_changes_the_launch(knob, value):
 def test_every_knob_affects_something_known():
     assert {k.affects for k in KNOBS} <= {"program", "build", "launch"}
     assert any(k.affects == "launch" for k in KNOBS)
-
-
-@pytest.mark.parametrize("max_seq,n_sms,splits,prefetch", [
-    (64, 132, 4, True),        # short cache: 4 splits, the 32 attention tasks fit the 36 SMs QKV leaves idle
-    (2048, 132, 4, True),
-    (2048, 100, 8, False),     # 100 SMs: QKV (96 tasks) leaves 4 idle: 8 splits; 64 tasks > 100 / 2: no prefetch
-    (4096, 132, 16, False),    # long cache: one wave (8 kv heads x 16 = 128 <= 132 SMs), no SM idle for prefetch
-    (4096, 64, 8, False),      # at least 8 splits; 64 tasks on 64 SMs
-    (4096, 40, 8, False),
-])
-def test_auto_attn_splits_and_prefetch_gating(max_seq, n_sms, splits, prefetch):
-    """attn_splits 0 (auto) picks the split per KV-cache length and SM count (and the SMs the QKV phase leaves idle);
-    L2_PREFETCH tasks only where the attention tasks leave at least half of the SMs idle (llama-3.2-1b shapes: 8 kv
-    heads, 16 layers)."""
-    g = WIDE["mlp_prefetch_kb"]
-    cfg = {**defaults(), "attn_splits": 0, "mlp_prefetch_kb": 64, "num_sms": n_sms}
-    p = lower(g, H100, cfg, max_seq=max_seq)
-    nkv, nl = g.config.n_kv_heads, g.config.n_layers
-    assert p.meta["attn_splits"] == splits
-    assert _count(p, "ATTN_PARTIAL") == splits * nkv * nl and _count(p, "ATTN_MERGE") == nkv * nl
-    assert (_count(p, "L2_PREFETCH") == _count(p, "GEMV_SILU_MUL")) if prefetch else _count(p, "L2_PREFETCH") == 0
-    # an explicit split count is taken as given, capped at one task per position
-    assert lower(g, H100, {**cfg, "attn_splits": 3}, max_seq=max_seq).meta["attn_splits"] == 3
-    assert lower(g, H100, {**cfg, "attn_splits": 64}, max_seq=32).meta["attn_splits"] == 32
-
-
-@pytest.mark.parametrize("model,n_sms,threads,o_rows,mlp_rows", [
-    ("qwen3-0.6b", 132, 512, 8, 32),       # 1024 / 132 -> 8 (128 tiles); 3072 / 132 = 23.3 -> 32 (16 warps, 96 tiles)
-    ("llama-3.2-1b", 132, 512, 16, 64),    # 128 tiles each: the measured best fixed sizes
-    ("llama-3.2-3b", 132, 512, 32, 64),    # 3072 / 132 = 23.3 -> 32: 96 tiles, not 192 (1.45 waves) of 16
-    ("llama-3.1-8b", 132, 512, 32, 112),   # 14336 / 132 = 108.6 -> 112: 128 tiles
-    ("llama-3.2-1b", 64, 512, 32, 128),    # fewer SMs: bigger tiles
-    ("llama-3.2-1b", 132, 256, 16, 64),    # 8 warps: 62.1 rows -> 64 (a multiple of 8)
-    ("llama-3.2-1b", 100, 256, 24, 88),    # 2048 / 100 = 20.5 -> 24; 8192 / 100 = 81.9 -> 88
-])
-def test_auto_row_tiles_fit_one_wave(model, n_sms, threads, o_rows, mlp_rows):
-    """gemv_rows / mlp_rows 0 (auto): the smallest warp-friendly tile whose count fits one wave of the SMs."""
-    g = load_model(model, dtype="bf16", device="meta")
-    c = g.config
-    p = lower(g, H100, {**defaults(), "num_sms": n_sms, "threads_per_block": threads}, max_seq=64)
-    for op, lab, n, rows in (("GEMV", "L0.o_proj[", c.hidden, o_rows), ("GEMV", "L0.down[", c.hidden, o_rows),
-                             ("GEMV_SILU_MUL", "L0.gate_up[", c.intermediate, mlp_rows)):
-        tiles = [t for t in p.tasks if t.op == op and t.label.startswith(lab)]
-        assert tiles[0].params["row_count"] == rows, lab
-        assert len(tiles) == -(-n // rows) <= n_sms
-        assert sum(t.params["row_count"] for t in tiles) == n
-    # an explicit size is taken as given
-    q = lower(g, H100, {**defaults(), "num_sms": n_sms, "gemv_rows": 4, "mlp_rows": 128}, max_seq=64)
-    assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.o_proj[")} == {4}
-    assert {t.params["row_count"] for t in q.tasks if t.label.startswith("L0.gate_up[")} == {128}
-
-
-@pytest.mark.parametrize("model,splits,smem,fused", [
-    ("llama-3.2-1b", 8, 232448, True),      # 8 x 8 x 4 x 66 floats = 67.6 KB of partials + x + rows: fits
-    ("llama-3.2-1b", 16, 232448, True),     # 135 KB
-    ("llama-3.1-8b", 16, 232448, False),    # 8 x 16 x 4 x 130 floats = 266 KB: ATTN_MERGE tasks stay
-    ("llama-3.2-1b", 8, 65536, False),      # a 64 KB target: ATTN_MERGE tasks stay
-])
-def test_attn_merge_is_fused_only_where_the_partials_fit(model, splits, smem, fused):
-    import dataclasses
-    g = load_model(model, dtype="bf16", device="meta")
-    target = dataclasses.replace(H100, smem_per_block=smem)
-    p = lower(g, target, {**defaults(), "attn_splits": splits, "fuse_attn_merge": True}, max_seq=4096)
-    nkv, nl = g.config.n_kv_heads, g.config.n_layers
-    o = [t for t in p.tasks if ".o_proj[" in t.label]
-    if fused:
-        assert _count(p, "ATTN_MERGE") == 0 and all(t.params["x_splits"] == splits for t in o)
-        floats = o[0].params["k"] + o[0].params["row_count"] + nkv * splits * g.config.group * (g.config.head_dim + 2)
-        assert 4 * floats <= smem
-    else:
-        assert _count(p, "ATTN_MERGE") == nkv * nl and all(t.params.get("x_splits", 0) == 0 for t in o)
