@@ -10,7 +10,8 @@ import pytest
 
 from flywheel.prior import defaults
 from schedule.ir import ScheduleConfig
-from schedule.lower import lower, qkv_reserve, qkv_split_for
+from schedule.auto_rules import qkv_reserve, qkv_split_for
+from schedule.lower import lower
 from tests.schedule.lower_helpers import H100, LLAMA1B, count, model, structure
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from flywheel.prior import KNOB_BY_NAME, KNOBS, defaults
 from schedule.ir import ScheduleConfig
-from schedule.lower import lower, qkv_reserve, qkv_split_for
+from schedule.auto_rules import qkv_reserve, qkv_split_for
+from schedule.lower import lower
 from tests.schedule.lower_helpers import H100, LLAMA1B as _LLAMA1B, QWEN06 as _QWEN06, TOY
 from tests.schedule.lower_helpers import count as _count, structure as _structure
 
