@@ -2,7 +2,8 @@
 // hops, run two ways, to price the megakernel's hop costs against a warp-specialised bulk-copy pipeline before
 // building one. No megakernel around it. Results: docs/PERF.md, forty-fourth session.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a scripts/pipe_micro.cu -o /tmp/pipe_micro && /tmp/pipe_micro
+//   nvcc -O3 -std=c++17 -arch=sm_90a scripts/pipe_micro.cu -o /tmp/pipe_micro && /tmp/pipe_micro [LAYERS [FILTER]]
+//   (FILTER: run only the variants whose name contains it)
 //
 // A "step" is 16 layers of six phases; every block (one per SM) runs every phase, and phase p starts only when all
 // blocks have finished phase p-1 (a grid counter, acquire / release, as the megakernel's waits):
@@ -12,7 +13,9 @@
 //
 //   reg: the megakernel's register path -- 16 warps, each owns rows r, r + 16 (two at a time), 4 x 16 B of each row
 //        per lane in flight (64 KB per SM), x staged in shared memory (split layout); optionally the first `pf` KB
-//        of the tile asked into L2 (cp.async.bulk.prefetch.L2) before the wait (the wait prefetch);
+//        of the tile asked into L2 (cp.async.bulk.prefetch.L2) before the wait (the wait prefetch), and the first
+//        `gate` KB of the layer's gate/up tile as the attention spin starts (the L2_PREFETCH task): "reg pf64
+//        gate192" is the megakernel's register path with both of its prefetches (added in the fiftieth session);
 //   tma: a warp-specialised pipeline -- one producer thread streams the block's tiles of ALL phases, in order, into
 //        an S-stage ring of B-byte 1-D bulk copies (full / empty mbarriers), never waiting on the grid counters
 //        (weights are constant), with at most `win` copies in flight (issued, not landed); 16 consumer warps wait the counter, load x into registers (8 chunks of 8 per lane)
@@ -26,6 +29,7 @@
 // (last done of the phase - last done of the phase before) over layers 1-15.
 #include "micro_common.cuh"  // CK, saddr, mbar_*, bulk_g2s, ldg_w, evict_first, gtime
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 constexpr int kK = 2048, kRowBytes = kK * 2, kChunks = kRowBytes / 16, kCpl = kChunks / 32;  // 8 chunks per lane
@@ -52,6 +56,8 @@ struct Args {
   int S, B;                    // tma: stages, stage bytes
   int win;                     // tma: at most this many copies in flight (issued, not landed)
   int split;                   // tma: the megakernel's consumer (each stage's rows split over warp groups)
+  int gate_pf_bytes;           // reg: the first bytes of the layer's gate/up tile asked into L2 as the attention
+                               // spin starts (the megakernel's L2_PREFETCH task, mlp_prefetch_kb)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -117,7 +123,14 @@ __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
     }
     __syncthreads();
     if (ph.tile_bytes == 0) {
-      if (threadIdx.x == 0) spin(ph.spin_ns);
+      if (threadIdx.x == 0) {
+        if (a.gate_pf_bytes > 0 && ph.fam == 1 && p + 3 < a.n_ph) {  // attention spin: gate/up is 3 phases on
+          const Phase g = a.ph[p + 3];
+          prefetch_l2(a.W + g.w_off + (size_t)b * g.tile_bytes,
+                      (uint32_t)(a.gate_pf_bytes < g.tile_bytes ? a.gate_pf_bytes : g.tile_bytes));
+        }
+        spin(ph.spin_ns);
+      }
     } else {
       const float4* x4 = (const float4*)(a.X + (size_t)p * kK);
       float4* xs4 = (float4*)xs;
@@ -289,7 +302,8 @@ struct Variant {
   const char* name;
   bool tma;
   int pf_kb, S, B, win, split;
-  int dyn_kb;  // reg: unused dynamic shared memory (the megakernel's carve-out: ~76 KB)
+  int dyn_kb;   // reg: unused dynamic shared memory (the megakernel's carve-out: ~76 KB)
+  int gate_kb;  // reg: gate/up tile head asked into L2 during the attention spin (0: none)
 };
 
 int main(int argc, char** argv) {
@@ -338,20 +352,29 @@ int main(int argc, char** argv) {
   }
   CK(cudaDeviceSynchronize());
 
+  // argv[2] (optional): run only the variants whose name contains it ("reg", "win", "split", ...)
   const Variant vs[] = {
-      {"reg", false, 0, 0, 0, 0, 0, 76},
-      {"tma 12x16K win2", true, 0, 12, 16384, 2, 0, 0},
-      {"tma 12x16K win2 split", true, 0, 12, 16384, 2, 1, 0},
-      {"tma 24x8K win6", true, 0, 24, 8192, 6, 0, 0},
-      {"tma 24x8K win6 split", true, 0, 24, 8192, 6, 1, 0},
-      {"tma 6x32K win2 split", true, 0, 6, 32768, 2, 1, 0},
+      {"reg", false, 0, 0, 0, 0, 0, 76, 0},
+      {"reg pf64 gate192 (the megakernel's prefetches)", false, 64, 0, 0, 0, 0, 76, 192},
+      {"tma 12x16K win2", true, 0, 12, 16384, 2, 0, 0, 0},
+      {"tma 12x16K win1", true, 0, 12, 16384, 1, 0, 0, 0},
+      {"tma 24x8K win2", true, 0, 24, 8192, 2, 0, 0, 0},
+      {"tma 24x8K win3", true, 0, 24, 8192, 3, 0, 0, 0},
+      {"tma 24x8K win4", true, 0, 24, 8192, 4, 0, 0, 0},
+      {"tma 24x8K win6", true, 0, 24, 8192, 6, 0, 0, 0},
+      {"tma 12x16K win2 split", true, 0, 12, 16384, 2, 1, 0, 0},
+      {"tma 24x8K win6 split", true, 0, 24, 8192, 6, 1, 0, 0},
+      {"tma 6x32K win2 split", true, 0, 6, 32768, 2, 1, 0, 0},
   };
+  const char* only = argc > 2 ? argv[2] : nullptr;
   printf("\n| variant | step us (median of 5) | TB/s | SMs used | y vs reg |");
   for (int f = 0; f < 6; ++f) printf(" %s |", fam_name[f]);
   printf("\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool have_ref = false;
   for (const Variant& v : vs) {
-    Args a{W, X, Y, ctr, t_done, t_start, smid, dph, n_ph, nblk, max_rows, v.pf_kb * 1024, v.S, v.B, v.win, v.split};
+    if (only != nullptr && strstr(v.name, only) == nullptr) continue;
+    Args a{W, X, Y, ctr, t_done, t_start, smid, dph, n_ph, nblk, max_rows, v.pf_kb * 1024, v.S, v.B, v.win, v.split,
+           v.gate_kb * 1024};
     const int threads = v.tma ? (kNW + 1) * 32 : kNW * 32;
     const int dyn_bytes = v.tma ? v.S * v.B : v.dyn_kb * 1024;
     if (v.tma) CK(cudaFuncSetAttribute(k_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
