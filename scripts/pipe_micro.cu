@@ -24,6 +24,11 @@
 //        part in every stage, each stage's rows split over warp groups (16 / rows-per-stage warps per row), partials
 //        through shared memory, summed after the tile -- a different summation order, so its y differs in the last
 //        bits.
+//   tma ... xsm: the row-per-warp consumer reading x from shared memory per row (as the megakernel's does), not
+//        from registers; pump ...: the same ring without a producer warp -- 16 warps, and whichever thread waits
+//        (thread 0 on a grid counter or in a spin, a consumer's lane 0 on a stage not landed yet) issues the copies
+//        the ring allows (pump_try). Both added in the fiftieth session to price two of the in-kernel ring's
+//        differences (x from shared memory; the producer warp's 96-register cap) before building them.
 // reg and the row-per-warp tma consumer sum each row in the same order, so their y must be bit-identical (checked). Printed: the step span (first block
 // start -> last block done, median of 5 launches), the effective TB/s, and per phase family the mean window
 // (last done of the phase - last done of the phase before) over layers 1-15.
@@ -58,6 +63,8 @@ struct Args {
   int split;                   // tma: the megakernel's consumer (each stage's rows split over warp groups)
   int gate_pf_bytes;           // reg: the first bytes of the layer's gate/up tile asked into L2 as the attention
                                // spin starts (the megakernel's L2_PREFETCH task, mlp_prefetch_kb)
+  int pump;                    // tma: no producer warp -- the block's waiting threads issue the copies (pump_try)
+  int xsm;                     // tma: the consumers read x from shared memory per row, not from registers
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -91,6 +98,67 @@ __device__ __forceinline__ void prefetch_l2(const char* p, uint32_t bytes) {
   for (uint32_t o = 0; o < bytes; o += 4096)
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p + o), "r"(4096u) : "memory");
 }
+// Non-blocking: has the phase of parity `parity` of the mbarrier completed?
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile("{\n .reg .pred q;\n mbarrier.test_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
+               : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+  return ok != 0;
+}
+
+// The ring without a producer warp ("pump" variants): whichever thread of the block is waiting -- thread 0 on a
+// grid counter or in a spin phase, a consumer lane 0 on a stage that has not landed -- takes the lock and issues
+// every copy the ring allows now, in stream order (the slot free, at most `win` copies in flight), then returns.
+// Someone waits whenever a copy is still needed, so the stream always makes progress; a block then launches 16
+// warps (512 threads: 128 registers) instead of 17 (96).
+struct Pump {
+  int lock;
+  uint32_t issued;  // copies issued so far
+  int p;            // phase of the next copy
+  long long off;    // its offset in that phase's tile
+};
+extern __shared__ __align__(128) unsigned char dyn[];
+__device__ __noinline__ void pump_try(const Args& a, Pump* P, uint64_t* full, uint64_t* empty) {
+  if (atomicCAS(&P->lock, 0, 1) != 0) return;
+  __threadfence_block();
+  const uint32_t S = (uint32_t)a.S, B = (uint32_t)a.B;
+  const uint64_t pol = evict_first();
+  volatile Pump* V = P;
+  uint32_t n = V->issued;
+  int p = V->p;
+  long long off = V->off;
+  while (p < a.n_ph) {
+    const Phase ph = a.ph[p];
+    if (off >= ph.tile_bytes) {
+      ++p;
+      off = 0;
+      continue;
+    }
+    const uint32_t slot = n % S;
+    if (n >= S && !mbar_test(saddr(empty + slot), ((n / S) - 1) & 1)) break;
+    if (n >= (uint32_t)a.win && !mbar_test(saddr(full + (n - a.win) % S), ((n - a.win) / S) & 1)) break;
+    mbar_expect(saddr(full + slot), B);
+    bulk_g2s(saddr(dyn + (size_t)slot * B), a.W + ph.w_off + (size_t)blockIdx.x * ph.tile_bytes + off, B,
+             saddr(full + slot), true, pol);
+    off += B;
+    ++n;
+  }
+  V->issued = n;
+  V->p = p;
+  V->off = off;
+  __threadfence_block();
+  atomicExch(&P->lock, 0);
+}
+// A consumer waits for a stage (pump variants: lane 0 pumps meanwhile; 50 ms bound as mbar_wait's).
+template <bool PUMP>
+__device__ __forceinline__ void stage_wait(const Args& a, Pump* P, uint64_t* full, uint64_t* empty, uint32_t bar,
+                                           uint32_t parity) {
+  if (!PUMP) return mbar_wait(bar, parity);
+  const uint64_t t0 = gtime();
+  while (!mbar_test(bar, parity) && gtime() - t0 < 50000000ull)
+    if ((threadIdx.x & 31) == 0) pump_try(a, P, full, empty);
+}
+
 __device__ __forceinline__ void stamp_start(const Args& a) {
   if (threadIdx.x == 0) {
     a.t_start[blockIdx.x] = gtime();
@@ -104,8 +172,6 @@ __device__ __forceinline__ void finish_phase(const Args& a, int p) {
   a.t_done[(size_t)p * a.nblk + blockIdx.x] = gtime();
   signal_ctr(a.ctr + p);
 }
-
-extern __shared__ __align__(128) unsigned char dyn[];
 
 // The register path (512 threads).
 __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
@@ -175,8 +241,11 @@ __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
   }
 }
 
-// The warp-specialised bulk-copy pipeline (16 consumer warps + 1 producer warp).
-__global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
+// The warp-specialised bulk-copy pipeline (16 consumer warps + 1 producer warp). PUMP: no producer warp (a.pump);
+// XSM: x read from shared memory (a.xsm). Template switches, so the first variants' code is as it was measured.
+template <bool PUMP, bool XSM>
+__global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Args a) {
+  __shared__ Pump P;
   __shared__ __align__(16) float xs[kK];  // linear
   __shared__ __align__(8) uint64_t full[kMaxStages], empty[kMaxStages];
   __shared__ float stash[512 * 1024 / kRowBytes * kNW];  // split: per (row, sub-warp) partials of a tile
@@ -189,9 +258,14 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
                    : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    P.lock = 0;
+    P.issued = 0;
+    P.p = 0;
+    P.off = 0;
   }
   stamp_start(a);
   __syncthreads();
+  if (PUMP && threadIdx.x == 0) pump_try(a, &P, full, empty);  // the first copies, before any wait
   if (warp == kNW) {  // producer
     if (lane == 0) {
       const uint64_t pol = evict_first();
@@ -216,10 +290,29 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
   uint32_t seq = 0;  // rows of the block's stream consumed so far (all consumer threads alike)
   for (int p = 0; p < a.n_ph; ++p) {
     const Phase ph = a.ph[p];
-    if (threadIdx.x == 0 && p > 0) wait_ctr(a.ctr + p - 1, a.nblk);
+    if (threadIdx.x == 0 && p > 0) {
+      if (!PUMP) {
+        wait_ctr(a.ctr + p - 1, a.nblk);
+      } else {  // wait_ctr, pumping between the polls
+        const uint64_t t0 = gtime();
+        for (;;) {
+          unsigned v;
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a.ctr + p - 1) : "memory");
+          if (v >= (unsigned)a.nblk || gtime() - t0 > 50000000ull) break;
+          pump_try(a, &P, full, empty);
+        }
+      }
+    }
     asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
     if (ph.tile_bytes == 0) {
-      if (threadIdx.x == 0) spin(ph.spin_ns);
+      if (threadIdx.x == 0) {
+        if (!PUMP) {
+          spin(ph.spin_ns);
+        } else {
+          const uint64_t t0 = gtime();
+          while (gtime() - t0 < (uint64_t)ph.spin_ns) pump_try(a, &P, full, empty);
+        }
+      }
     } else {
       const float4* x4 = (const float4*)(a.X + (size_t)p * kK);
       for (int i = threadIdx.x; i < kK / 4; i += kNW * 32) ((float4*)xs)[i] = __ldcg(x4 + i);
@@ -236,7 +329,7 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
         const int wpr = kNW / rps, groups = kNW / wpr, gi = warp / wpr, sub = warp - gi * wpr;
         for (int r0 = 0; r0 < rows; r0 += rps) {
           const uint32_t n = (seq + r0) / rps, slot = n % S;
-          mbar_wait(saddr(full + slot), (n / S) & 1);
+          stage_wait<PUMP>(a, &P, full, empty, saddr(full + slot), (n / S) & 1);
           const char* st = (const char*)dyn + (size_t)slot * B;
           for (int r = gi; r < rps && gi < groups; r += groups) {
             float acc = 0.f;
@@ -264,7 +357,7 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
       }
       for (int r = warp; r < rows; r += kNW) {
         const uint32_t g = seq + r, n = g / rps, slot = n % S;
-        mbar_wait(saddr(full + slot), (n / S) & 1);
+        stage_wait<PUMP>(a, &P, full, empty, saddr(full + slot), (n / S) & 1);
         const char* row = (const char*)dyn + (size_t)slot * B + (size_t)(g % rps) * kRowBytes;
         uint4 v[kCpl];
 #pragma unroll
@@ -273,8 +366,14 @@ __global__ void __launch_bounds__((kNW + 1) * 32, 1) k_tma(Args a) {
                        : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
                        : "r"(saddr(row + (size_t)(lane + 32 * j) * 16)));
         float acc = 0.f;
+        if (XSM) {  // x from shared memory, as the megakernel's ring consumer reads it
 #pragma unroll
-        for (int j = 0; j < kCpl; ++j) fma8(v[j], xa[j], xb[j], acc);
+          for (int j = 0; j < kCpl; ++j)
+            fma8(v[j], ((const float4*)xs)[2 * (lane + 32 * j)], ((const float4*)xs)[2 * (lane + 32 * j) + 1], acc);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kCpl; ++j) fma8(v[j], xa[j], xb[j], acc);
+        }
         acc = warp_sum(acc);  // (every lane's shared loads are consumed before lane 0 releases the slot)
         if (lane == 0) {
           y[r] = acc;
@@ -304,6 +403,7 @@ struct Variant {
   int pf_kb, S, B, win, split;
   int dyn_kb;   // reg: unused dynamic shared memory (the megakernel's carve-out: ~76 KB)
   int gate_kb;  // reg: gate/up tile head asked into L2 during the attention spin (0: none)
+  int pump = 0, xsm = 0;  // tma: no producer warp / x from shared memory (Args)
 };
 
 int main(int argc, char** argv) {
@@ -362,6 +462,10 @@ int main(int argc, char** argv) {
       {"tma 24x8K win3", true, 0, 24, 8192, 3, 0, 0, 0},
       {"tma 24x8K win4", true, 0, 24, 8192, 4, 0, 0, 0},
       {"tma 24x8K win6", true, 0, 24, 8192, 6, 0, 0, 0},
+      {"tma 24x8K win6 xsm", true, 0, 24, 8192, 6, 0, 0, 0, 0, 1},
+      {"pump 24x8K win6", true, 0, 24, 8192, 6, 0, 0, 0, 1, 0},
+      {"pump 12x16K win2", true, 0, 12, 16384, 2, 0, 0, 0, 1, 0},
+      {"pump 24x8K win6 xsm", true, 0, 24, 8192, 6, 0, 0, 0, 1, 1},
       {"tma 12x16K win2 split", true, 0, 12, 16384, 2, 1, 0, 0},
       {"tma 24x8K win6 split", true, 0, 24, 8192, 6, 1, 0, 0},
       {"tma 6x32K win2 split", true, 0, 6, 32768, 2, 1, 0, 0},
@@ -374,18 +478,19 @@ int main(int argc, char** argv) {
   for (const Variant& v : vs) {
     if (only != nullptr && strstr(v.name, only) == nullptr) continue;
     Args a{W, X, Y, ctr, t_done, t_start, smid, dph, n_ph, nblk, max_rows, v.pf_kb * 1024, v.S, v.B, v.win, v.split,
-           v.gate_kb * 1024};
-    const int threads = v.tma ? (kNW + 1) * 32 : kNW * 32;
+           v.gate_kb * 1024, v.pump, v.xsm};
+    const int threads = v.tma && !v.pump ? (kNW + 1) * 32 : kNW * 32;
     const int dyn_bytes = v.tma ? v.S * v.B : v.dyn_kb * 1024;
-    if (v.tma) CK(cudaFuncSetAttribute(k_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
-    else CK(cudaFuncSetAttribute(k_reg, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
+    void (*const kt)(Args) = !v.tma ? nullptr : v.pump ? (v.xsm ? k_tma<true, true> : k_tma<true, false>)
+                                                        : (v.xsm ? k_tma<false, true> : k_tma<false, false>);
+    CK(cudaFuncSetAttribute(v.tma ? kt : k_reg, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
     std::vector<double> spans;
     std::vector<double> fam_sum(6, 0.0);
     std::vector<int> fam_n(6, 0);
     for (int rep = 0; rep < 6; ++rep) {
       CK(cudaMemset(ctr, 0, n_ph * 4));
       CK(cudaMemset(Y, 0, (size_t)n_ph * nblk * max_rows * 4));
-      if (v.tma) k_tma<<<nblk, threads, dyn_bytes>>>(a);
+      if (v.tma) kt<<<nblk, threads, dyn_bytes>>>(a);
       else k_reg<<<nblk, threads, dyn_bytes>>>(a);
       CK(cudaGetLastError());
       CK(cudaDeviceSynchronize());
