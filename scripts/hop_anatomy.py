@@ -16,7 +16,8 @@ QKV start):
   * the layer's phases against their bytes (``--gbps``, default 3000: an H100's copy rate): how long the QKV phase,
     the attention chain (QKV done -> first o_proj "waits met"), o_proj, gate/up and down take, the gaps between
     them, and what their HBM bytes (the trace's hbm_bytes: weights and KV; est_bytes for older traces) would take
-    at that rate -- the excess of each over its bytes.
+    at that rate -- the excess of each over its bytes; its last line is the layer as scripts/ring_projection.py's
+    --layer argument.
 """
 from __future__ import annotations
 
@@ -225,6 +226,8 @@ def excess(d, fam, lay, layers, gbps: float) -> list[str]:
         out.append(f"{name:16s} {tk:7.2f} {mb / 1e6:7.2f} {r:12.2f} {tk - r:+7.2f}")
     out.append(f"{'gaps':16s} {gaps:7.2f} {'':7s} {'':12s} {gaps:+7.2f}")
     out.append(f"{'layer':16s} {span:7.2f} {nbytes.sum() / 1e6:7.2f} {at.sum():12.2f} {span - at.sum():+7.2f}")
+    keys = ("qkv", "chain", "o_proj", "gate_up", "down")   # scripts/ring_projection.py's phase names, PHASES' order
+    out.append("scripts/ring_projection.py --layer " + ",".join(f"{k}={t:.2f}" for k, t in zip(keys, took)))
     return out
 
 

@@ -118,7 +118,8 @@ def test_phase_excess_by_hand():
     fam, lay = hop_anatomy.families(d["label"])
     lines = hop_anatomy.excess(d, fam, lay, [3], 3000.0)
     assert "hbm_bytes" in lines[0] and "3000 GB/s" in lines[0]
-    rows = {ln[:16].strip(): [float(x) for x in ln[16:].split()] for ln in lines[2:]}
+    rows = {ln[:16].strip(): [float(x) for x in ln[16:].split()] for ln in lines[2:-1]}
+    assert lines[-1] == "scripts/ring_projection.py --layer qkv=6.00,chain=6.00,o_proj=4.00,gate_up=17.50,down=10.50"
     # QKV 1.0 -> 7.0 us; chain 7.0 -> o_proj's waits met 13.0; o_proj 13 -> 17; gate/up 17.5 -> 35; down 35.5 -> 45
     # (step 1: 36.5 -> 48, median 10.5); the next layer starts 45 / 47 us after this one's -> 46; gaps 46 - (6 + 6 +
     # 4 + 17.5 + 10.5) = 2; bytes at 3000 GB/s: 3 MB per us
