@@ -27,8 +27,10 @@
 //   tma ... xsm: the row-per-warp consumer reading x from shared memory per row (as the megakernel's does), not
 //        from registers; pump ...: the same ring without a producer warp -- 16 warps, and whichever thread waits
 //        (thread 0 on a grid counter or in a spin, a consumer's lane 0 on a stage not landed yet) issues the copies
-//        the ring allows (pump_try). Both added in the fiftieth session to price two of the in-kernel ring's
-//        differences (x from shared memory; the producer warp's 96-register cap) before building them.
+//        the ring allows (pump_try); tma / pump ... items: the megakernel's ring consumer for whole-row work items
+//        (2 chunks per lane in flight, x from shared memory, a stash summed after the tile). Added in the fiftieth
+//        session to price the in-kernel ring's differences (x from shared memory, the producer warp's 96-register
+//        cap, its consumer) one at a time before building them.
 // reg and the row-per-warp tma consumer sum each row in the same order, so their y must be bit-identical (checked). Printed: the step span (first block
 // start -> last block done, median of 5 launches), the effective TB/s, and per phase family the mean window
 // (last done of the phase - last done of the phase before) over layers 1-15.
@@ -242,8 +244,11 @@ __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
 }
 
 // The warp-specialised bulk-copy pipeline (16 consumer warps + 1 producer warp). PUMP: no producer warp (a.pump);
-// XSM: x read from shared memory (a.xsm). Template switches, so the first variants' code is as it was measured.
-template <bool PUMP, bool XSM>
+// XSM: x read from shared memory (a.xsm). ITEMS: the megakernel's ring consumer for whole-row items instead
+// (vm/csrc/ops_gemv.cuh amk_gemv_streamed with 4 KB rows: two 16-byte chunks per lane in flight (AMK_RING_U), x
+// from shared memory, the row's sum into a shared stash that the block sums after the tile -- the same bits).
+// Template switches, so the first variants' code is as it was measured.
+template <bool PUMP, bool XSM, bool ITEMS>
 __global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Args a) {
   __shared__ Pump P;
   __shared__ __align__(16) float xs[kK];  // linear
@@ -359,26 +364,48 @@ __global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Arg
         const uint32_t g = seq + r, n = g / rps, slot = n % S;
         stage_wait<PUMP>(a, &P, full, empty, saddr(full + slot), (n / S) & 1);
         const char* row = (const char*)dyn + (size_t)slot * B + (size_t)(g % rps) * kRowBytes;
-        uint4 v[kCpl];
-#pragma unroll
-        for (int j = 0; j < kCpl; ++j)
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
-                       : "r"(saddr(row + (size_t)(lane + 32 * j) * 16)));
         float acc = 0.f;
-        if (XSM) {  // x from shared memory, as the megakernel's ring consumer reads it
+        if (ITEMS) {
+#pragma unroll 1
+          for (int j = 0; j < kCpl; j += 2) {
+            uint4 w[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+              asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                           : "=r"(w[u].x), "=r"(w[u].y), "=r"(w[u].z), "=r"(w[u].w)
+                           : "r"(saddr(row + (size_t)(lane + 32 * (j + u)) * 16)));
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const int c = lane + 32 * (j + u);
+              fma8(w[u], ((const float4*)xs)[2 * c], ((const float4*)xs)[2 * c + 1], acc);
+            }
+          }
+        } else {
+          uint4 v[kCpl];
 #pragma unroll
           for (int j = 0; j < kCpl; ++j)
-            fma8(v[j], ((const float4*)xs)[2 * (lane + 32 * j)], ((const float4*)xs)[2 * (lane + 32 * j) + 1], acc);
-        } else {
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                         : "r"(saddr(row + (size_t)(lane + 32 * j) * 16)));
+          if (XSM) {  // x from shared memory, as the megakernel's ring consumer reads it
 #pragma unroll
-          for (int j = 0; j < kCpl; ++j) fma8(v[j], xa[j], xb[j], acc);
+            for (int j = 0; j < kCpl; ++j)
+              fma8(v[j], ((const float4*)xs)[2 * (lane + 32 * j)], ((const float4*)xs)[2 * (lane + 32 * j) + 1], acc);
+          } else {
+#pragma unroll
+            for (int j = 0; j < kCpl; ++j) fma8(v[j], xa[j], xb[j], acc);
+          }
         }
         acc = warp_sum(acc);  // (every lane's shared loads are consumed before lane 0 releases the slot)
         if (lane == 0) {
-          y[r] = acc;
+          if (ITEMS) stash[r] = acc;
+          else y[r] = acc;
           asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(empty + slot)) : "memory");
         }
+      }
+      if (ITEMS) {  // the stash summed after the tile (one partial per row here: the same value)
+        asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
+        for (int r = threadIdx.x; r < rows; r += kNW * 32) y[r] = stash[r];
       }
       seq += rows;
     }
@@ -404,6 +431,7 @@ struct Variant {
   int dyn_kb;   // reg: unused dynamic shared memory (the megakernel's carve-out: ~76 KB)
   int gate_kb;  // reg: gate/up tile head asked into L2 during the attention spin (0: none)
   int pump = 0, xsm = 0;  // tma: no producer warp / x from shared memory (Args)
+  int items = 0;          // tma: the megakernel's work-item consumer (k_tma's ITEMS)
 };
 
 int main(int argc, char** argv) {
@@ -466,6 +494,8 @@ int main(int argc, char** argv) {
       {"pump 24x8K win6", true, 0, 24, 8192, 6, 0, 0, 0, 1, 0},
       {"pump 12x16K win2", true, 0, 12, 16384, 2, 0, 0, 0, 1, 0},
       {"pump 24x8K win6 xsm", true, 0, 24, 8192, 6, 0, 0, 0, 1, 1},
+      {"tma 24x8K win6 items", true, 0, 24, 8192, 6, 0, 0, 0, 0, 0, 1},
+      {"pump 24x8K win6 items", true, 0, 24, 8192, 6, 0, 0, 0, 1, 0, 1},
       {"tma 12x16K win2 split", true, 0, 12, 16384, 2, 1, 0, 0},
       {"tma 24x8K win6 split", true, 0, 24, 8192, 6, 1, 0, 0},
       {"tma 6x32K win2 split", true, 0, 6, 32768, 2, 1, 0, 0},
@@ -481,8 +511,11 @@ int main(int argc, char** argv) {
            v.gate_kb * 1024, v.pump, v.xsm};
     const int threads = v.tma && !v.pump ? (kNW + 1) * 32 : kNW * 32;
     const int dyn_bytes = v.tma ? v.S * v.B : v.dyn_kb * 1024;
-    void (*const kt)(Args) = !v.tma ? nullptr : v.pump ? (v.xsm ? k_tma<true, true> : k_tma<true, false>)
-                                                        : (v.xsm ? k_tma<false, true> : k_tma<false, false>);
+    void (*kt)(Args) = nullptr;
+    if (v.tma)
+      kt = v.items ? (v.pump ? k_tma<true, false, true> : k_tma<false, false, true>)
+           : v.pump ? (v.xsm ? k_tma<true, true, false> : k_tma<true, false, false>)
+                    : (v.xsm ? k_tma<false, true, false> : k_tma<false, false, false>);
     CK(cudaFuncSetAttribute(v.tma ? kt : k_reg, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_bytes));
     std::vector<double> spans;
     std::vector<double> fam_sum(6, 0.0);
