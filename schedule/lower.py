@@ -40,7 +40,7 @@ import json
 import time
 
 from schedule.auto_rules import (IDLE_POLICIES, LM_HEAD_AUTO_ROWS, assignment_for, attn_splits_for, auto_rows,
-                                 lm_head_tiles, qkv_reserve, qkv_split_for, rows_for, tiles as _tiles)
+                                 lm_head_tiles, qkv_reserve, qkv_split_for, rows_for, tiles)
 from schedule.graph import ModelGraph, lm_head_key, rope_inv_freq
 from schedule.ir import (Buffer, BufferKind, Counter, DType, GpuTarget, IRError, MegakernelProgram, MemSpace,
                          ScheduleConfig, Task, Wait, step_name)
@@ -133,7 +133,7 @@ def _row_tiles(b: _Builder, n: int, rows: int):
     """Row tiles of a GEMV-family matrix with n output rows: ``rows`` each, or with balance_tiles the tile count
     rounded up to a multiple of the SM count (every SM gets the same number of tiles; sizes differ by <= 1 row)."""
     if b.balance_sms <= 0:
-        yield from _tiles(n, rows)
+        yield from tiles(n, rows)
         return
     k = -(-n // rows)
     k = min(n, -(-k // b.balance_sms) * b.balance_sms)
@@ -162,7 +162,7 @@ def _gemv(b: _Builder, x, w, y, n, k, rows, wait, out_c, label, norm_w=None, eps
 
 
 def _add(b: _Builder, a, r, y, n, rows, wait, out_c, label):
-    for s0, sn in _tiles(n, rows):
+    for s0, sn in tiles(n, rows):
         b.task("ADD", [a, r], [y], {"start": s0, "count": sn}, [wait], out_c, f"{label}[{s0}:{s0 + sn}]")
 
 
@@ -191,7 +191,7 @@ def _residual_gemv(b, cfg, x, w, resid, y, n, k, wait, out_c, label, merge=None,
 
 def qkv_tasks_per_layer(c, qkv_heads: int, head_split: int) -> int:
     """QKV_ROPE tasks of one layer: per KV group its q tiles plus one K and one V task, each split head_split ways."""
-    return c.n_kv_heads * (len(list(_tiles(c.group, qkv_heads))) + 2) * head_split
+    return c.n_kv_heads * (len(list(tiles(c.group, qkv_heads))) + 2) * head_split
 
 
 def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: int, io: dict, S: int,
@@ -271,7 +271,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     for kvh in range(nkv):
         c_qkv = c_layer if c_layer is not None else b.counter(f"qkv{l}.g{kvh}")
         jobs = [(QKV_MODE_RAW if raw else QKV_MODE_Q, "q", wq, q_raw if raw else q, h0, hn, c.n_heads)
-                for h0, hn in ((kvh * G + s, n) for s, n in _tiles(G, cfg.qkv_heads))]
+                for h0, hn in ((kvh * G + s, n) for s, n in tiles(G, cfg.qkv_heads))]
         jobs += [(QKV_MODE_RAW, "k", wk, k_raw, kvh, 1, nkv) if raw else (QKV_MODE_K, "k", wk, kc, kvh, 1, nkv),
                  (QKV_MODE_V, "v", wv, vc, kvh, 1, nkv)]
         for mode, m, w, dst, h0, hn, nh in jobs:
@@ -279,7 +279,7 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
             ins += ([nw] if nw is not None else []) + ([bias[m]] if bias else [])
             has_qkn = bool(qkn) and m != "v" and not raw
             ins += [qkn[m]] if has_qkn else []
-            for ps, pc in (_tiles(hd // 2, hd // 2 // hs) if hs > 1 else [(0, 0)]):
+            for ps, pc in (tiles(hd // 2, hd // 2 // hs) if hs > 1 else [(0, 0)]):
                 b.task("QKV_ROPE", ins, [dst],
                        {"mode": mode, "head_start": h0, "head_count": hn, "head_dim": hd, "k": H, "n_heads": nh,
                         "max_seq": S, "has_norm": int(nw is not None), "has_bias": int(bool(bias)),
@@ -306,13 +306,13 @@ def _layer(b: _Builder, g: ModelGraph, cfg: ScheduleConfig, l: int, x: int, cx: 
     if cfg.mlp_prefetch_kb and nkv * splits <= b.sms // 2:
         trigger = {"layer": cin, "qkv": c_qks[-1],   # the last group's q and K
                    "attn": c_groups[-1] if by_group else c_attn}[cfg.mlp_prefetch_at]
-        tiles = list(_row_tiles(b, c.intermediate, mlp_rows))
-        owners = len(tiles)
+        mlp_tiles = list(_row_tiles(b, c.intermediate, mlp_rows))
+        owners = len(mlp_tiles)
         if cfg.mlp_prefetch_spread and cfg.mlp_prefetch_from == "gate":
             n_merge = nkv if splits > 1 and not merge and not by_group else 0   # ATTN_MERGE tasks of the layer
             owners = prefetch_owners(b.sms, qkv_tasks_per_layer(c, cfg.qkv_heads, hs), nkv * splits, n_merge,
-                                     len(tiles))
-        mlp_prefetch(b, cfg, l, wg, wu, H, tiles, trigger, owners)
+                                     len(mlp_tiles))
+        mlp_prefetch(b, cfg, l, wg, wu, H, mlp_tiles, trigger, owners)
     xnext, c_next = b.act(f"x{l + 1}", H), b.counter(f"x{l + 1}")
     if by_group:   # x += W_o . attn, one column block per KV group: x is this layer's xmid from here on
         xmid, c_mid = x, b.counter(f"xmid{l}")

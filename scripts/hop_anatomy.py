@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from scripts.ring_projection import LAYER_PHASES  # noqa: E402  (its --layer names, in PHASES' order)
 from scripts.trace_breakdown import family  # noqa: E402
 
 ORDER = ["q", "k", "v", "qk_norm", "attn", "attn_merge", "o_proj", "prefetch", "gate_up", "down"]
@@ -226,8 +227,7 @@ def excess(d, fam, lay, layers, gbps: float) -> list[str]:
         out.append(f"{name:16s} {tk:7.2f} {mb / 1e6:7.2f} {r:12.2f} {tk - r:+7.2f}")
     out.append(f"{'gaps':16s} {gaps:7.2f} {'':7s} {'':12s} {gaps:+7.2f}")
     out.append(f"{'layer':16s} {span:7.2f} {nbytes.sum() / 1e6:7.2f} {at.sum():12.2f} {span - at.sum():+7.2f}")
-    keys = ("qkv", "chain", "o_proj", "gate_up", "down")   # scripts/ring_projection.py's phase names, PHASES' order
-    out.append("scripts/ring_projection.py --layer " + ",".join(f"{k}={t:.2f}" for k, t in zip(keys, took)))
+    out.append("scripts/ring_projection.py --layer " + ",".join(f"{k}={t:.2f}" for k, t in zip(LAYER_PHASES, took)))
     return out
 
 

@@ -51,8 +51,13 @@ __device__ __forceinline__ void mbar_init(uint32_t bar) {
 __device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
+// What a wait does between two unsuccessful looks (pipe_micro.cu's pump variants issue copies): nothing by default.
+struct NoIdle {
+  __device__ __forceinline__ void operator()() const {}
+};
 // (Gives up after 50 ms, so a bug cannot hang the GPU: the timings are then garbage.)
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+template <class Idle = NoIdle>
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity, Idle idle = {}) {
   uint64_t t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   for (;;) {
@@ -60,6 +65,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n selp.u32 %0, 1, 0, q;\n}"
                  : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
     if (ok) return;
+    idle();
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > 50000000ull) return;

@@ -81,20 +81,24 @@ __device__ __forceinline__ void fma8(const uint4& v, const float4& a, const floa
   acc = fmaf(__uint_as_float(v.w << 16), b.z, acc); acc = fmaf(__uint_as_float(v.w & 0xffff0000u), b.w, acc);
 }
 // Wait until *c >= n (acquire); gives up after 50 ms so a bug cannot hang the GPU (the timings are then garbage).
-__device__ __forceinline__ void wait_ctr(const unsigned* c, unsigned n) {
+// (idle(): between two polls, as mbar_wait's.)
+template <class Idle = NoIdle>
+__device__ __forceinline__ void wait_ctr(const unsigned* c, unsigned n, Idle idle = {}) {
   const uint64_t t0 = gtime();
   for (;;) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
     if (v >= n || gtime() - t0 > 50000000ull) return;
+    idle();
   }
 }
 __device__ __forceinline__ void signal_ctr(unsigned* c) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(c) : "memory");
 }
-__device__ __forceinline__ void spin(int ns) {
+template <class Idle = NoIdle>
+__device__ __forceinline__ void spin(int ns, Idle idle = {}) {
   const uint64_t t0 = gtime();
-  while (gtime() - t0 < (uint64_t)ns) {}
+  while (gtime() - t0 < (uint64_t)ns) idle();
 }
 __device__ __forceinline__ void prefetch_l2(const char* p, uint32_t bytes) {
   for (uint32_t o = 0; o < bytes; o += 4096)
@@ -151,14 +155,13 @@ __device__ __noinline__ void pump_try(const Args& a, Pump* P, uint64_t* full, ui
   __threadfence_block();
   atomicExch(&P->lock, 0);
 }
-// A consumer waits for a stage (pump variants: lane 0 pumps meanwhile; 50 ms bound as mbar_wait's).
+// A consumer waits for a stage (pump variants: lane 0 pumps meanwhile).
 template <bool PUMP>
 __device__ __forceinline__ void stage_wait(const Args& a, Pump* P, uint64_t* full, uint64_t* empty, uint32_t bar,
                                            uint32_t parity) {
-  if (!PUMP) return mbar_wait(bar, parity);
-  const uint64_t t0 = gtime();
-  while (!mbar_test(bar, parity) && gtime() - t0 < 50000000ull)
-    if ((threadIdx.x & 31) == 0) pump_try(a, P, full, empty);
+  mbar_wait(bar, parity, [&] {
+    if (PUMP && (threadIdx.x & 31) == 0) pump_try(a, P, full, empty);
+  });
 }
 
 __device__ __forceinline__ void stamp_start(const Args& a) {
@@ -296,27 +299,16 @@ __global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Arg
   for (int p = 0; p < a.n_ph; ++p) {
     const Phase ph = a.ph[p];
     if (threadIdx.x == 0 && p > 0) {
-      if (!PUMP) {
-        wait_ctr(a.ctr + p - 1, a.nblk);
-      } else {  // wait_ctr, pumping between the polls
-        const uint64_t t0 = gtime();
-        for (;;) {
-          unsigned v;
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a.ctr + p - 1) : "memory");
-          if (v >= (unsigned)a.nblk || gtime() - t0 > 50000000ull) break;
-          pump_try(a, &P, full, empty);
-        }
-      }
+      wait_ctr(a.ctr + p - 1, a.nblk, [&] {
+        if (PUMP) pump_try(a, &P, full, empty);  // pump variants: the ring keeps filling while thread 0 polls
+      });
     }
     asm volatile("bar.sync 1, %0;" :: "n"(kNW * 32) : "memory");
     if (ph.tile_bytes == 0) {
       if (threadIdx.x == 0) {
-        if (!PUMP) {
-          spin(ph.spin_ns);
-        } else {
-          const uint64_t t0 = gtime();
-          while (gtime() - t0 < (uint64_t)ph.spin_ns) pump_try(a, &P, full, empty);
-        }
+        spin(ph.spin_ns, [&] {
+          if (PUMP) pump_try(a, &P, full, empty);
+        });
       }
     } else {
       const float4* x4 = (const float4*)(a.X + (size_t)p * kK);

@@ -19,6 +19,8 @@ import pathlib
 import sys
 
 FAMILIES = ("qkv", "attn", "merge", "o_proj", "gate/up", "down")
+# the megakernel's layer phases, in scripts/hop_anatomy.py's PHASES order (its phase table prints --layer with them)
+LAYER_PHASES = ("qkv", "chain", "o_proj", "gate_up", "down")
 # the megakernel's phase of each micro family (the micro's attention and merge spins are the attention chain)
 PHASE_OF = {"qkv": "qkv", "attn": "chain", "merge": "chain", "o_proj": "o_proj", "gate/up": "gate_up",
             "down": "down"}
@@ -48,11 +50,11 @@ def parse_layer(spec: str) -> dict[str, float]:
     layer = {}
     for part in spec.split(","):
         k, sep, v = part.partition("=")
-        if not sep or k.strip() not in set(PHASE_OF.values()):
+        if not sep or k.strip() not in LAYER_PHASES:
             raise SystemExit(f"ring_projection: --layer part {part!r} is not PHASE=US with PHASE one of "
-                             f"{sorted(set(PHASE_OF.values()))}")
+                             f"{list(LAYER_PHASES)}")
         layer[k.strip()] = float(v)
-    missing = set(PHASE_OF.values()) - set(layer)
+    missing = set(LAYER_PHASES) - set(layer)
     if missing:
         raise SystemExit(f"ring_projection: --layer lacks {sorted(missing)}")
     return layer
@@ -83,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", type=float, default=1123.4, help="the megakernel's measured us per token")
     ap.add_argument("--layers", type=int, default=16)
     a = ap.parse_args(argv)
-    micro = parse_micro(a.micro_output.read_text())
-    r = project(micro, a.base, a.ring, parse_layer(a.layer), a.step, a.layers)
+    micro, layer = parse_micro(a.micro_output.read_text()), parse_layer(a.layer)
+    r = project(micro, a.base, a.ring, layer, a.step, a.layers)
     print(f"micro: {a.ring!r} {micro[a.ring]['step']:.1f} us against {a.base!r} {micro[a.base]['step']:.1f} us "
           f"({100 * (r['micro_ratio'] - 1):+.1f}%; {micro[a.ring]['runs']} / {micro[a.base]['runs']} runs)")
     print("| phase | megakernel us | micro delta us |")
     print("|---|---|---|")
     for ph, d in r["delta"].items():
-        print(f"| {ph} | {parse_layer(a.layer)[ph]:.2f} | {d:+.2f} |")
+        print(f"| {ph} | {layer[ph]:.2f} | {d:+.2f} |")
     print(f"layer {r['layer']:.2f} -> {r['projected_layer']:.2f} us ({r['per_layer']:+.2f}); step {r['step']:.1f} -> "
           f"{r['projected_step']:.1f} us per token over {a.layers} layers (a projection, not a measurement)")
     return 0

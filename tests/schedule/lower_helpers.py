@@ -26,7 +26,11 @@ def count(prog, op=None, label=None) -> int:
     return sum(1 for t in prog.tasks if (op is None or t.op == op) and (label is None or label in t.label))
 
 
+LOADED = {"toy": TOY, "llama-3.2-1b": LLAMA1B, "qwen3-0.6b": QWEN06}
+
+
 def model(name: str):
-    """The toy, or a preset's shapes on meta tensors."""
-    return TOY if name == "toy" else {"llama-3.2-1b": LLAMA1B, "qwen3-0.6b": QWEN06}.get(name) or \
-        load_model(name, dtype="bf16", device="meta")
+    """The toy, or a preset's shapes on meta tensors (loaded once)."""
+    if name not in LOADED:
+        LOADED[name] = load_model(name, dtype="bf16", device="meta")
+    return LOADED[name]
