@@ -31,6 +31,10 @@
 //        (2 chunks per lane in flight, x from shared memory, a stash summed after the tile). Added in the fiftieth
 //        session to price the in-kernel ring's differences (x from shared memory, the producer warp's 96-register
 //        cap, its consumer) one at a time before building them.
+//   ... halves: each stage as two bulk copies of half the stage (the megakernel's gate/up stages); the 8 x 16 KB,
+//        16 x 8 KB and 4 x 32 KB rings are the 128 KB the megakernel's shared memory leaves next to its op area;
+//        nowait ...: the same variant with no phase waiting for the one before (a bound on what hiding every hop is
+//        worth). Added in the fifty-first session.
 // reg and the row-per-warp tma consumer sum each row in the same order, so their y must be bit-identical (checked). Printed: the step span (first block
 // start -> last block done, median of 5 launches), the effective TB/s, and per phase family the mean window
 // (last done of the phase - last done of the phase before) over layers 1-15.
@@ -67,6 +71,10 @@ struct Args {
                                // spin starts (the megakernel's L2_PREFETCH task, mlp_prefetch_kb)
   int pump;                    // tma: no producer warp -- the block's waiting threads issue the copies (pump_try)
   int xsm;                     // tma: the consumers read x from shared memory per row, not from registers
+  int halves;                  // tma: each stage as two bulk copies of B / 2 (the megakernel's gate/up stages: gate
+                               // rows, then up rows)
+  int nowait;                  // no phase waits for the one before (a bound: the same bytes and spins without the
+                               // hops; y is unchanged, x does not depend on earlier phases here)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -190,7 +198,7 @@ __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {
     if (threadIdx.x == 0) {
       if (a.pf_bytes > 0 && ph.tile_bytes > 0 && p > 0)
         prefetch_l2(tile, (uint32_t)(a.pf_bytes < ph.tile_bytes ? a.pf_bytes : ph.tile_bytes));
-      if (p > 0) wait_ctr(a.ctr + p - 1, a.nblk);
+      if (p > 0 && !a.nowait) wait_ctr(a.ctr + p - 1, a.nblk);
     }
     __syncthreads();
     if (ph.tile_bytes == 0) {
@@ -289,7 +297,13 @@ __global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Arg
             mbar_wait(saddr(full + m % S), (m / S) & 1);
           }
           mbar_expect(saddr(full + slot), (uint32_t)B);
-          bulk_g2s(saddr(dyn + (size_t)slot * B), tile + off, (uint32_t)B, saddr(full + slot), true, pol);
+          if (a.halves) {
+            const uint32_t h = (uint32_t)B / 2;
+            bulk_g2s(saddr(dyn + (size_t)slot * B), tile + off, h, saddr(full + slot), true, pol);
+            bulk_g2s(saddr(dyn + (size_t)slot * B + h), tile + off + h, h, saddr(full + slot), true, pol);
+          } else {
+            bulk_g2s(saddr(dyn + (size_t)slot * B), tile + off, (uint32_t)B, saddr(full + slot), true, pol);
+          }
         }
       }
     }
@@ -298,7 +312,7 @@ __global__ void __launch_bounds__(PUMP ? kNW * 32 : (kNW + 1) * 32, 1) k_tma(Arg
   uint32_t seq = 0;  // rows of the block's stream consumed so far (all consumer threads alike)
   for (int p = 0; p < a.n_ph; ++p) {
     const Phase ph = a.ph[p];
-    if (threadIdx.x == 0 && p > 0) {
+    if (threadIdx.x == 0 && p > 0 && !a.nowait) {
       wait_ctr(a.ctr + p - 1, a.nblk, [&] {
         if (PUMP) pump_try(a, &P, full, empty);  // pump variants: the ring keeps filling while thread 0 polls
       });
@@ -424,6 +438,8 @@ struct Variant {
   int gate_kb;  // reg: gate/up tile head asked into L2 during the attention spin (0: none)
   int pump = 0, xsm = 0;  // tma: no producer warp / x from shared memory (Args)
   int items = 0;          // tma: the megakernel's work-item consumer (k_tma's ITEMS)
+  int halves = 0;         // tma: two copies per stage (Args::halves)
+  int nowait = 0;         // no hops (Args::nowait): a bound
 };
 
 int main(int argc, char** argv) {
@@ -488,6 +504,18 @@ int main(int argc, char** argv) {
       {"pump 24x8K win6 xsm", true, 0, 24, 8192, 6, 0, 0, 0, 1, 1},
       {"tma 24x8K win6 items", true, 0, 24, 8192, 6, 0, 0, 0, 0, 0, 1},
       {"pump 24x8K win6 items", true, 0, 24, 8192, 6, 0, 0, 0, 1, 0, 1},
+      // the ring sizes the megakernel's shared memory leaves (128 KB next to its op area; fifty-first session)
+      {"tma 8x16K win2 items", true, 0, 8, 16384, 2, 0, 0, 0, 0, 0, 1},
+      {"tma 8x16K win4 items", true, 0, 8, 16384, 4, 0, 0, 0, 0, 0, 1},
+      {"tma 16x8K win6 items", true, 0, 16, 8192, 6, 0, 0, 0, 0, 0, 1},
+      {"tma 4x32K win2 items", true, 0, 4, 32768, 2, 0, 0, 0, 0, 0, 1},
+      {"tma 8x16K win2 items halves", true, 0, 8, 16384, 2, 0, 0, 0, 0, 0, 1, 1},
+      {"tma 24x8K win6 items halves", true, 0, 24, 8192, 6, 0, 0, 0, 0, 0, 1, 1},
+      {"tma 12x16K win2 items", true, 0, 12, 16384, 2, 0, 0, 0, 0, 0, 1},
+      // bounds: the same streams without the hops (nothing waits for the phase before)
+      {"nowait reg pf64 gate192", false, 64, 0, 0, 0, 0, 76, 192, 0, 0, 0, 0, 1},
+      {"nowait tma 24x8K win6", true, 0, 24, 8192, 6, 0, 0, 0, 0, 0, 0, 0, 1},
+      {"nowait tma 12x16K win2 items", true, 0, 12, 16384, 2, 0, 0, 0, 0, 0, 1, 0, 1},
       {"tma 12x16K win2 split", true, 0, 12, 16384, 2, 1, 0, 0},
       {"tma 24x8K win6 split", true, 0, 24, 8192, 6, 1, 0, 0},
       {"tma 6x32K win2 split", true, 0, 6, 32768, 2, 1, 0, 0},
@@ -500,7 +528,7 @@ int main(int argc, char** argv) {
   for (const Variant& v : vs) {
     if (only != nullptr && strstr(v.name, only) == nullptr) continue;
     Args a{W, X, Y, ctr, t_done, t_start, smid, dph, n_ph, nblk, max_rows, v.pf_kb * 1024, v.S, v.B, v.win, v.split,
-           v.gate_kb * 1024, v.pump, v.xsm};
+           v.gate_kb * 1024, v.pump, v.xsm, v.halves, v.nowait};
     const int threads = v.tma && !v.pump ? (kNW + 1) * 32 : kNW * 32;
     const int dyn_bytes = v.tma ? v.S * v.B : v.dyn_kb * 1024;
     void (*kt)(Args) = nullptr;
