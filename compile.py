@@ -71,7 +71,7 @@ def _emit(args, report: dict, lines: list[str]) -> None:
 # --------------------------------------------------------------------------------------------------------------
 def cmd_compile(args) -> int:
     import torch
-    from eval.equivalence import describe_misses, verify_steps
+    from eval.equivalence import describe_failures, verify_steps
     from eval.roofline import roofline
     from schedule.cost_model import predict_us
     from schedule.graph import load_model
@@ -120,7 +120,7 @@ def cmd_compile(args) -> int:
         ver["seconds"] = round(time.perf_counter() - t2, 1)
         report["verify"] = ver
         verdict = "PASS" if ver["passed"] and ver["top1_agreement"] == 1.0 else "FAIL"
-        why = describe_misses(ver)
+        why = describe_failures(ver)
         lines.append(f"verify       reference VM vs transformers eager (fp32), {ver['steps']} steps: "
                      f"max rel err {ver['max_rel_err']:.2e}, top-1 {ver['top1_agreement']:.0%} "
                      f"-> {verdict} ({ver['seconds']} s)" + (f"; {why}" if why else ""))

@@ -177,7 +177,7 @@ def _reference_logits(model_id, graph, seed, tokens):
 
 def _cpu_correctness(v, model_id, graph, prog, n_steps, seed) -> None:
     import torch
-    from eval.equivalence import compare_logits, describe_misses, summarize
+    from eval.equivalence import compare_logits, describe_failures, summarize
     from schedule.ir import step_name
     from vm.reference_vm import ReferenceVM, VMError
     per_launch = int(prog.meta.get("steps_per_launch", 1))   # a launch from position i also runs i+1 .. i+N-1
@@ -202,8 +202,8 @@ def _cpu_correctness(v, model_id, graph, prog, n_steps, seed) -> None:
              max_rel_err=s["max_rel_err"], top1_agreement=s["top1_agreement"], verify_steps=s["steps"])
     v["notes"].append(f"correctness: reference VM (random legal order, seed {seed}) vs transformers eager fp32, "
                       f"{s['steps']} steps, {graph.dtype} tolerances")
-    if s["top1_misses"]:
-        v["notes"].append(describe_misses(s))
+    if s["top1_misses"] or s["over_tolerance"]:
+        v["notes"].append(describe_failures(s))
 
 
 def _evaluate(model_id, gpu, config, device="auto", ctx=512, verify_steps=4, seed=0, dtype=None,

@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from eval.baselines import cuda_time_us, hbm_bandwidth, torch_baselines
-from eval.equivalence import compare_logits, describe_misses, hf_logits, summarize
+from eval.equivalence import compare_logits, describe_failures, hf_logits, summarize
 from eval.roofline import pct_of_roofline, roofline
 
 
@@ -114,7 +114,7 @@ def measure_program(program, graph, ctx: int = 512, iters: int = 50, repeats: in
            "top1_agreement": chk["top1_agreement"], "latency_us": None, "latency_kind": None,
            "bound_us": floor_us, "pct_of_roofline": None, "note": ""}
     if not chk["correct"]:
-        why = describe_misses(chk)
+        why = describe_failures(chk)
         out["note"] = "not timed: the GPU program does not match transformers" + (f" ({why})" if why else "")
         return out
     t = time_vm(vm, graph.config.vocab, ctx, iters, repeats)
