@@ -111,3 +111,22 @@ def test_ring_item_loops_keep_context_in_registers(tmp_path):
     for name, ls in loops.items():
         assert ls, f"{name}: no ring item loop found"
         assert all(l["ldl"] <= 4 and l["stl"] == 0 for l in ls), (name, ls)
+
+
+def test_setmaxnreg_lifts_the_callee_register_cap(tmp_path):
+    """scripts/setmaxnreg_probe.cu: in a 640-thread block (96 registers at launch) a __noinline__ body that needs
+    more than 96 registers spills without setmaxnreg and not with it (the producer warpgroup down to 24, the compute
+    warpgroups up to 112, what the block's pool allows): ptxas allocates the code after setmaxnreg.inc, callees
+    included, with the raised limit -- what a warpgroup-aligned weight-ring producer would give the megakernel's op
+    bodies (docs/PERF.md, fifty-first session)."""
+    src = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "setmaxnreg_probe.cu"
+    body = {}
+    for smr in (0, 1):
+        r = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-c",
+                            str(src), "-o", str(tmp_path / f"p{smr}.o"), f"-DAMK_SMR={smr}"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+        sp = spills(r.stderr)
+        body[smr] = next(v for k, v in sp.items() if "probe_body" in k)
+    assert body[0] > 0, body   # the 96-register cap spills
+    assert body[1] == 0, body  # 120 registers after setmaxnreg.inc
