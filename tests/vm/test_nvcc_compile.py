@@ -130,3 +130,31 @@ def test_setmaxnreg_lifts_the_callee_register_cap(tmp_path):
         body[smr] = next(v for k, v in sp.items() if "probe_body" in k)
     assert body[0] > 0, body   # the 96-register cap spills
     assert body[1] == 0, body  # 120 registers after setmaxnreg.inc
+
+
+def test_ring_wg_build_gives_its_ops_more_registers(tmp_path):
+    """-DAMK_RING_WG=1 (vm/csrc/common.cuh): the weight ring's producer as a whole warpgroup that hands registers to
+    the compute warps. ptxas must honour both setmaxnreg (no C7507 / C7508 'setmaxnreg ignored': one noinline
+    function called from two register regions is enough to lose them, hence amk_exit's and amk_mbar_wait_for's
+    per-region copies), the kernel must launch at the 96 registers the pool arithmetic assumes (the host refuses
+    otherwise), and the hot op bodies must spill less than in the 17-warp ring build (96 registers throughout)."""
+    def build(wg: int) -> tuple[str, pathlib.Path]:
+        obj = tmp_path / f"wg{wg}.o"
+        cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(obj), f"-I{CSRC}",
+               "-gencode=arch=compute_90a,code=sm_90a", "-DAMK_THREADS=512", "-DAMK_PREFETCH_DEPTH=2", "-DAMK_TMA=1",
+               "-DAMK_STAGES=8", "-DAMK_STAGE_BYTES=16384", "-DAMK_RING_WINDOW=2", "-DAMK_DTYPES=2",
+               "-DAMK_MERGE_UNROLL=4", f"-DAMK_RING_WG={wg}", "-Xptxas=-v", *TORCH_DEFINES]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-4000:]
+        return r.stderr, obj
+    (base, _), (wg, obj) = build(0), build(1)
+    assert "setmaxnreg" not in wg and "C750" not in wg, [l for l in wg.splitlines() if "C75" in l]
+    launch = re.search(r"Compiling entry function 'amk_megakernel'.*?Used (\d+) registers", wg, re.S)
+    assert launch and int(launch.group(1)) == 96, launch and launch.group(1)
+    hot = re.compile(r"gemv_body|silu_body|qkv_gemv_body|attn_mma|amk_op_attn")
+    spill = [sum(v for k, v in spills(t).items() if hot.search(k)) for t in (base, wg)]
+    assert spill[1] <= 0.6 * spill[0], spill
+    exe = find_cuobjdump()
+    if exe:
+        sass = subprocess.run([exe, "-sass", str(obj)], capture_output=True, text=True).stdout
+        assert sass.count("USETMAXREG") == 2, sass.count("USETMAXREG")

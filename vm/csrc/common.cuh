@@ -41,7 +41,34 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 #ifndef AMK_TMA
 #define AMK_TMA 0
 #endif
-#define AMK_BLOCK_THREADS (AMK_THREADS + (AMK_TMA ? 32 : 0))
+// -DAMK_RING_WG=1 (ring builds for sm_90a, an A/B build switch, not yet timed): the producer is a whole warpgroup
+// (warp AMK_NWARPS's lane 0 issues, the other three warps exit) that hands its registers to the compute warps with
+// setmaxnreg. A block of 17 warps puts 5 on one scheduler, so ptxas caps every function at 96 registers (+7%,
+// docs/PERF.md forty-sixth session); 5 whole warpgroups launch at 96 too (AMK_RING_WG_LAUNCH_REGS), but the producer
+// warpgroup drops to 32 and the compute warpgroups rise to what the block's pool then holds (AMK_RING_WG_COMPUTE_REGS:
+// 112 at 512 compute threads). ptxas allocates the code after setmaxnreg.inc, the noinline op bodies included, with
+// the raised limit (scripts/setmaxnreg_probe.cu) -- provided no noinline function is called from two of the regions
+// (before setmaxnreg, the producer's, the compute warps'): ptxas then ignores both (C7507), so amk_exit and
+// amk_mbar_wait_for take a per-region copy (kSite). The host refuses to launch a build whose kernel did not get the
+// launch registers the pool arithmetic assumes (setmaxnreg.inc would wait forever for registers the pool lacks).
+// Status (fifty-first session): compiles, ptxas honours it (tests/vm/test_nvcc_compile.py), the op bodies spill
+// less; NOT yet run on a GPU: correctness (AMK_NVCC_FLAGS=-DAMK_RING_WG=1 with the ring GPU tests) and timing next.
+#ifndef AMK_RING_WG
+#define AMK_RING_WG 0
+#endif
+#define AMK_PRODUCER_THREADS (AMK_TMA ? (AMK_RING_WG ? 128 : 32) : 0)
+#define AMK_BLOCK_THREADS (AMK_THREADS + AMK_PRODUCER_THREADS)
+static_assert(!AMK_RING_WG || (AMK_TMA && AMK_THREADS % 128 == 0),
+              "AMK_RING_WG: a weight-ring build (AMK_TMA=1) of whole warpgroups (AMK_THREADS a multiple of 128)");
+#ifndef AMK_RING_WG_PRODUCER_REGS
+#define AMK_RING_WG_PRODUCER_REGS 32  // (32 leaves the compute warps 112 at 512 threads; 24 gives no more)
+#endif
+// registers per thread at launch: a scheduler's 16384 over its share of the block's threads, in steps of 8
+#define AMK_RING_WG_LAUNCH_REGS ((16384 / (AMK_BLOCK_THREADS / 4)) / 8 * 8)
+#define AMK_RING_WG_COMPUTE_REGS \
+  ((AMK_RING_WG_LAUNCH_REGS * AMK_BLOCK_THREADS - 128 * AMK_RING_WG_PRODUCER_REGS) / AMK_THREADS / 8 * 8)
+static_assert(!AMK_RING_WG || (AMK_RING_WG_COMPUTE_REGS > AMK_RING_WG_LAUNCH_REGS && AMK_RING_WG_COMPUTE_REGS <= 256),
+              "AMK_RING_WG: the compute warps would gain no registers");
 // -DAMK_DBG_NOSTREAM=1 (A/B builds of the ring): no task streams (stream.cuh amk_stream_geom says no, the producer
 // warp finds nothing to issue, flagged tasks keep their wait prefetch), so a ring build runs the register path in
 // the ring build's block -- its 17th warp, the 96-register cap that gives the compute warps, its shared memory --

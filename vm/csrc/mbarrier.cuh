@@ -65,6 +65,9 @@ __device__ __forceinline__ bool amk_mbar_try(uint32_t bar, uint32_t parity) {
 // one of two phases, so a waiter that may run two or more phases ahead of the barrier (the ring's consumers: a warp
 // may wait for stage n + AMK_STAGES before stage n has landed) must first know that its phase is the current one --
 // the ring's count of issued stages says so.
+// kSite: AMK_RING_WG builds give the ring producer its own copy (1): ptxas ignores setmaxnreg (C7507) when a noinline
+// function is called from regions with different register limits (common.cuh AMK_RING_WG); elsewhere one copy (0).
+template <int kSite = 0>
 __device__ __noinline__ int amk_mbar_wait_for(const AmkParams& p, uint32_t bar, uint32_t parity, int task, int op,
                                               int detail, int sm, const volatile int* stop,
                                               const volatile uint32_t* gate = nullptr, uint32_t gate_after = 0) {

@@ -168,6 +168,9 @@ __device__ __forceinline__ void amk_dispatch(const AmkCtx& c, int64_t need) {
 // After an abort nothing is reset or advanced: the counters stay as they were for the error report (the host
 // reads the waited counter's value) and the host resets the whole sync array when it clears the error
 // (vm/loader.py). The next launch cannot start before this one has finished, so the stores need no fence.
+// kSite: the spare blocks' copy in AMK_RING_WG builds (1) is called before setmaxnreg, the other (0) after it -- one
+// noinline function called from both would make ptxas ignore setmaxnreg (common.cuh AMK_RING_WG).
+template <int kSite = 0>
 __device__ __noinline__ void amk_exit(const AmkParams& p) {
   __shared__ int s_last;
   amk_sync();
@@ -224,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   const int sm = (int)blockIdx.x;
   if (sm >= p.n_queues) {  // (the host launches one block per queue; a spare block only counts itself out)
     if (amk_warp() >= AMK_NWARPS) return;  // (ring builds: the producer warp)
-    amk_exit(p);
+    amk_exit<AMK_RING_WG>(p);
     return;
   }
 #if AMK_LAYOUT_PAD > 0
@@ -251,9 +254,15 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
   __syncthreads();  // (every thread of the block, the ring's producer warp too)
   if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done
-    if (amk_lane() == 0) amk_ring_produce(p, s_ring, q0, q1, sm);
+#if AMK_RING_WG  // (common.cuh: the producer warpgroup gives its registers to the compute warpgroups)
+    amk_setmaxnreg_dec<AMK_RING_WG_PRODUCER_REGS>();
+#endif
+    if ((!AMK_RING_WG || amk_warp() == AMK_NWARPS) && amk_lane() == 0) amk_ring_produce(p, s_ring, q0, q1, sm);
     return;
   }
+#if AMK_RING_WG
+  amk_setmaxnreg_inc<AMK_RING_WG_COMPUTE_REGS>();
+#endif
 #if AMK_PREFETCH_DEPTH > 0
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
 #endif
@@ -381,6 +390,14 @@ extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* st
     const int e = amk_prepare(smem_bytes);
     if (e) return e;
   }
+#if AMK_RING_WG
+  {  // the compute warpgroups' setmaxnreg.inc assumes the block's register pool of AMK_RING_WG_LAUNCH_REGS each
+    cudaFuncAttributes fa;
+    const cudaError_t e = cudaFuncGetAttributes(&fa, amk_megakernel);
+    if (e != cudaSuccess) return (int)e;
+    if (fa.numRegs != AMK_RING_WG_LAUNCH_REGS) return (int)cudaErrorInvalidConfiguration;
+  }
+#endif
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid, 1, 1);
   cfg.blockDim = dim3(AMK_BLOCK_THREADS, 1, 1);

@@ -18,6 +18,8 @@
 // (GEMV_SILU_MUL: gate rows then up rows). The loader sets AMK_INSTR_FLAG_STREAM only where row_bytes % 16 == 0 and
 // nmat * row_bytes <= AMK_STAGE_BYTES; other tasks (and non-sm_90 builds) use the register streaming path.
 // Stage n lives in slot n % AMK_STAGES; its mbarrier phase parity is (n / AMK_STAGES) & 1.
+// -DAMK_RING_WG=1: the producer as a whole warpgroup that gives the compute warps 112 registers instead of 96
+// (setmaxnreg; common.cuh; not yet run on a GPU).
 //
 // Status: correct (the GPU tests run every model through both paths, and a 3-stage ring whose work items run
 // further ahead than the ring is long) but OPT-IN (AMK_TMA=1 / tma=True) and still SLOWER than the register path.
@@ -58,6 +60,25 @@ static_assert(AMK_RING_WINDOW >= 1 && (AMK_RING_WINDOW < AMK_STAGES || AMK_STAGE
 #endif
 // Dynamic shared memory taken by the ring (host and device agree: the loader reads it from build_info).
 #define AMK_RING_BYTES (AMK_TMA ? AMK_STAGES * AMK_STAGE_BYTES : 0)
+
+// setmaxnreg (AMK_RING_WG builds, common.cuh): every warp of a warpgroup gives registers back to the block's pool
+// (dec) or takes them from it (inc, waiting until the pool has them). An sm_90a / sm_100a feature.
+template <int R>
+__device__ __forceinline__ void amk_setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R) : "memory");
+#elif defined(__CUDA_ARCH__)
+  static_assert(R < 0, "AMK_RING_WG needs setmaxnreg: build for sm_90a or sm_100a");
+#endif
+}
+template <int R>
+__device__ __forceinline__ void amk_setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R) : "memory");
+#elif defined(__CUDA_ARCH__)
+  static_assert(R < 0, "AMK_RING_WG needs setmaxnreg: build for sm_90a or sm_100a");
+#endif
+}
 
 struct AmkGeom {
   int rows, nmat, row_bytes, sr;
@@ -150,12 +171,12 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
       const uint32_t slot = n % AMK_STAGES;
       const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
       if (n >= (uint32_t)AMK_STAGES &&
-          amk_mbar_wait_for(p, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
+          amk_mbar_wait_for<AMK_RING_WG>(p, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
                             -1 - AMK_STAGES - (int)slot, sm, &R.stop))
         goto drain;
       if (n >= (uint32_t)AMK_RING_WINDOW) {  // the copy AMK_RING_WINDOW stages back has landed
         const uint32_t m = n - AMK_RING_WINDOW;
-        if (amk_mbar_wait_for(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
+        if (amk_mbar_wait_for<AMK_RING_WG>(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
                               -1 - (int)(m % AMK_STAGES), sm, &R.stop))
           goto drain;
       }
