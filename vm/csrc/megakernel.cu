@@ -385,6 +385,9 @@ extern "C" int amk_prepare(int smem_bytes) {
   return (int)e;
 }
 
+// amk_launch's own refusal (not a cudaError_t; amk_error_string names it).
+#define AMK_LAUNCH_ERR_REG_POOL 100001
+
 extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* stream) {
   if (smem_bytes > g_smem_prepared) {
     const int e = amk_prepare(smem_bytes);
@@ -395,7 +398,7 @@ extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* st
     cudaFuncAttributes fa;
     const cudaError_t e = cudaFuncGetAttributes(&fa, amk_megakernel);
     if (e != cudaSuccess) return (int)e;
-    if (fa.numRegs != AMK_RING_WG_LAUNCH_REGS) return (int)cudaErrorInvalidConfiguration;
+    if (fa.numRegs != AMK_RING_WG_LAUNCH_REGS) return AMK_LAUNCH_ERR_REG_POOL;
   }
 #endif
   cudaLaunchConfig_t cfg = {};
@@ -446,4 +449,9 @@ extern "C" int amk_build_info(int* out, int n) {
   return 14;
 }
 
-extern "C" const char* amk_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
+extern "C" const char* amk_error_string(int err) {
+  if (err == AMK_LAUNCH_ERR_REG_POOL)
+    return "AMK_RING_WG build: the kernel's launch register count differs from AMK_RING_WG_LAUNCH_REGS, so its "
+           "setmaxnreg.inc could wait forever; not launched (rebuild without -DAMK_RING_WG)";
+  return cudaGetErrorString((cudaError_t)err);
+}
