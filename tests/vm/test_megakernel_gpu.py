@@ -143,6 +143,29 @@ def test_ring_with_fewer_stages_than_warps_in_flight(monkeypatch):
         assert torch.equal(a, vm.step(3, 2))
 
 
+@needs_sm90
+@pytest.mark.parametrize("name,dtype,cfg", [("wide", "bf16", "default"), ("hd128", "bf16", "default"),
+                                            ("llama-untied", "f32", "split")])
+def test_ring_wg_is_bit_identical_to_the_ring(monkeypatch, name, dtype, cfg):
+    """-DAMK_RING_WG=1 (vm/csrc/common.cuh): the ring's producer as a warpgroup handing registers to the compute
+    warps with setmaxnreg (112 instead of 96). The same op code at more registers: logits bit-identical to the
+    17-warp ring build's and within the dtype's tolerance of the ReferenceVM, reruns bit-identical, no hang (a
+    wrong register pool would leave setmaxnreg.inc waiting). Written in the fifty-first session, before any GPU
+    ran it."""
+    toks = [(5, 0), (17, 1), (3, 15)]
+    g, prog, ring = make(name, dtype, cfg, max_seq=16, **_path("ring"))
+    want = [ring.step(t, p).clone() for t, p in toks]
+    monkeypatch.setenv("AMK_NVCC_FLAGS", "-DAMK_RING_WG=1")
+    _, _, wg = make(name, dtype, cfg, max_seq=16, **_path("ring"))
+    assert wg.ring_bytes == ring.ring_bytes > 0 and wg.n_streamed == ring.n_streamed > 0
+    got = [wg.step(t, p).clone() for t, p in toks]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    wg.reset()
+    compare(wg, ReferenceVM(prog, g.weights, seed=4), toks, 1e-5 if dtype == "f32" else 2e-2)
+    a = wg.step(3, 2).clone()
+    assert torch.equal(a, wg.step(3, 2))
+
+
 _GEMV_FAMILY = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
 
 

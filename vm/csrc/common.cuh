@@ -52,7 +52,8 @@ static_assert((AMK_DTYPES & 7) != 0 && (AMK_DTYPES & ~7) == 0, "AMK_DTYPES: a no
 // amk_mbar_wait_for take a per-region copy (kSite). The host refuses to launch a build whose kernel did not get the
 // launch registers the pool arithmetic assumes (setmaxnreg.inc would wait forever for registers the pool lacks).
 // Status (fifty-first session): compiles, ptxas honours it (tests/vm/test_nvcc_compile.py), the op bodies spill
-// less; NOT yet run on a GPU: correctness (AMK_NVCC_FLAGS=-DAMK_RING_WG=1 with the ring GPU tests) and timing next.
+// less; NOT yet run on a GPU: correctness (tests/vm/test_megakernel_gpu.py::test_ring_wg_is_bit_identical_to_the_ring)
+// and timing next.
 #ifndef AMK_RING_WG
 #define AMK_RING_WG 0
 #endif
