@@ -27,7 +27,8 @@ def bench_max_seq(ctx: int) -> int:
     return ctx + BENCH_SEQ_PAD
 
 
-def _tokens(vocab: int, n: int, seed: int) -> list[int]:
+def check_tokens(vocab: int, n: int, seed: int) -> list[int]:
+    """The ``n`` given tokens the correctness check (check_program via reference_logits) feeds, for ``seed``."""
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
@@ -40,7 +41,7 @@ def reference_logits(graph, steps: int = 4, seed: int = 0, tokens: list[int] | N
     instead of ``steps`` random ones."""
     key = (id(graph), steps, seed) if tokens is None else (id(graph), tuple(tokens))
     if key not in _REF_CACHE:
-        toks = _tokens(graph.config.vocab, steps, seed) if tokens is None else list(tokens)
+        toks = check_tokens(graph.config.vocab, steps, seed) if tokens is None else list(tokens)
         model = graph.hf_model(dtype="f32", device="cuda")
         _REF_CACHE[key] = (toks, hf_logits(model, toks))
         del model

@@ -67,8 +67,8 @@ def cmd_evaluate(args) -> int:
     if err:
         v = harness._reject(harness._blank(args.model, args.gpu, None, args.device, args.ctx), "config", err)
     else:
-        v = harness.evaluate(args.model, args.gpu, cfg, device=args.device, ctx=args.ctx, verify_steps=args.verify_steps,
-                     seed=args.seed, dtype=args.dtype)
+        v = harness.evaluate(args.model, args.gpu, cfg, device=args.device, ctx=args.ctx,
+                             verify_steps=args.verify_steps, seed=args.seed, dtype=args.dtype)
     if args.log_dir:
         flog.append_result(args.log_dir, flog.trial_row(v, args.tag, "amk evaluate"))
         if args.keep and harness._acceptable(v, False):
@@ -80,8 +80,8 @@ def cmd_evaluate(args) -> int:
 def cmd_loop(args) -> int:
     inc = _incumbent_arg(args)
     r = harness.loop(args.model, args.gpu, args.budget, device=args.device, seed=args.seed, log_dir=args.log_dir,
-             ctx=args.ctx, verify_steps=args.verify_steps, dtype=args.dtype, incumbent=inc,
-             allow_unverified=args.allow_unverified, progress=not args.json, tag=args.tag)
+                     ctx=args.ctx, verify_steps=args.verify_steps, dtype=args.dtype, incumbent=inc,
+                     allow_unverified=args.allow_unverified, progress=not args.json, tag=args.tag)
     b = r["best_verdict"]
     lines = [f"best: {json.dumps(r['best_config'])}"] + (_verdict_lines(b) if b else ["no acceptable point"])
     lines += [f"log: {r['results_tsv']}  corpus: {r['corpus']}  plot: {r['plot'] or '-'}"] + r["notes"]

@@ -255,13 +255,13 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   __syncthreads();  // (every thread of the block, the ring's producer warp too)
   if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done
 #if AMK_RING_WG  // (common.cuh: the producer warpgroup gives its registers to the compute warpgroups)
-    amk_setmaxnreg_dec<AMK_RING_WG_PRODUCER_REGS>();
+    amk_setmaxnreg<false, AMK_RING_WG_PRODUCER_REGS>();
 #endif
     if ((!AMK_RING_WG || amk_warp() == AMK_NWARPS) && amk_lane() == 0) amk_ring_produce(p, s_ring, q0, q1, sm);
     return;
   }
 #if AMK_RING_WG
-  amk_setmaxnreg_inc<AMK_RING_WG_COMPUTE_REGS>();
+  amk_setmaxnreg<true, AMK_RING_WG_COMPUTE_REGS>();
 #endif
 #if AMK_PREFETCH_DEPTH > 0
   int pf = q0;  // next queue position whose weights have not been L2-prefetched
@@ -394,12 +394,14 @@ extern "C" int amk_launch(const AmkParams* p, int grid, int smem_bytes, void* st
     if (e) return e;
   }
 #if AMK_RING_WG
-  {  // the compute warpgroups' setmaxnreg.inc assumes the block's register pool of AMK_RING_WG_LAUNCH_REGS each
+  static int pool_ok = -1;  // (checked once: the kernel's register count is fixed by its build)
+  if (pool_ok < 0) {  // the compute warpgroups' setmaxnreg.inc assumes a pool of AMK_RING_WG_LAUNCH_REGS each
     cudaFuncAttributes fa;
     const cudaError_t e = cudaFuncGetAttributes(&fa, amk_megakernel);
     if (e != cudaSuccess) return (int)e;
-    if (fa.numRegs != AMK_RING_WG_LAUNCH_REGS) return AMK_LAUNCH_ERR_REG_POOL;
+    pool_ok = fa.numRegs == AMK_RING_WG_LAUNCH_REGS;
   }
+  if (!pool_ok) return AMK_LAUNCH_ERR_REG_POOL;
 #endif
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid, 1, 1);

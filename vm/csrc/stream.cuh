@@ -61,20 +61,13 @@ static_assert(AMK_RING_WINDOW >= 1 && (AMK_RING_WINDOW < AMK_STAGES || AMK_STAGE
 // Dynamic shared memory taken by the ring (host and device agree: the loader reads it from build_info).
 #define AMK_RING_BYTES (AMK_TMA ? AMK_STAGES * AMK_STAGE_BYTES : 0)
 
-// setmaxnreg (AMK_RING_WG builds, common.cuh): every warp of a warpgroup gives registers back to the block's pool
-// (dec) or takes them from it (inc, waiting until the pool has them). An sm_90a / sm_100a feature.
-template <int R>
-__device__ __forceinline__ void amk_setmaxnreg_dec() {
+// setmaxnreg (AMK_RING_WG builds, common.cuh): every warp of a warpgroup takes registers from the block's pool
+// (kInc, waiting until the pool has them) or gives them back, to R per thread. An sm_90a / sm_100a feature.
+template <bool kInc, int R>
+__device__ __forceinline__ void amk_setmaxnreg() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R) : "memory");
-#elif defined(__CUDA_ARCH__)
-  static_assert(R < 0, "AMK_RING_WG needs setmaxnreg: build for sm_90a or sm_100a");
-#endif
-}
-template <int R>
-__device__ __forceinline__ void amk_setmaxnreg_inc() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R) : "memory");
+  if constexpr (kInc) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R) : "memory");
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R) : "memory");
 #elif defined(__CUDA_ARCH__)
   static_assert(R < 0, "AMK_RING_WG needs setmaxnreg: build for sm_90a or sm_100a");
 #endif
@@ -171,13 +164,13 @@ __device__ __noinline__ void amk_ring_produce(const AmkParams& p, AmkRing& R, in
       const uint32_t slot = n % AMK_STAGES;
       const uint32_t bar = R.bar + 8u * slot, dst = R.base + slot * (uint32_t)AMK_STAGE_BYTES;
       if (n >= (uint32_t)AMK_STAGES &&
-          amk_mbar_wait_for<AMK_RING_WG>(p, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id, in.op,
-                            -1 - AMK_STAGES - (int)slot, sm, &R.stop))
+          amk_mbar_wait_for<AMK_RING_WG>(p, R.ebar + 8u * slot, ((n / AMK_STAGES) - 1u) & 1u, in.task_id,
+                                         in.op, -1 - AMK_STAGES - (int)slot, sm, &R.stop))
         goto drain;
       if (n >= (uint32_t)AMK_RING_WINDOW) {  // the copy AMK_RING_WINDOW stages back has landed
         const uint32_t m = n - AMK_RING_WINDOW;
-        if (amk_mbar_wait_for<AMK_RING_WG>(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id, in.op,
-                              -1 - (int)(m % AMK_STAGES), sm, &R.stop))
+        if (amk_mbar_wait_for<AMK_RING_WG>(p, R.bar + 8u * (m % AMK_STAGES), (m / AMK_STAGES) & 1u, in.task_id,
+                                           in.op, -1 - (int)(m % AMK_STAGES), sm, &R.stop))
           goto drain;
       }
       const int nr = (g.rows - r0) < g.sr ? (g.rows - r0) : g.sr;
