@@ -44,6 +44,9 @@
 // start -> last block done, median of 5 launches), the effective TB/s, and per phase family the mean window
 // (last done of the phase - last done of the phase before) over layers 1-15.
 #include "pipe_micro.cuh"  // Phase, Args, waits, pump_try, streamer (and micro_common.cuh)
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 // The register path (512 threads).
 __global__ void __launch_bounds__(kNW * 32, 1) k_reg(Args a) {

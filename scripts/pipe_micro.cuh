@@ -3,9 +3,6 @@
 // sessions). Included by pipe_micro.cu only; the kernels and the variant table are there.
 #pragma once
 #include "micro_common.cuh"  // CK, saddr, mbar_*, bulk_g2s, ldg_w, evict_first, gtime
-#include <algorithm>
-#include <cstring>
-#include <vector>
 
 constexpr int kK = 2048, kRowBytes = kK * 2, kChunks = kRowBytes / 16, kCpl = kChunks / 32;  // 8 chunks per lane
 constexpr int kNW = 16;  // compute warps
@@ -190,7 +187,7 @@ __device__ void streamer(const Args& a, int s) {
         ++pc;
       }
       if (pc > p) break;  // its phase is done: skip it
-      const long long lead = a.ph[p].w_off - a.ph[pc].w_off + (off / C) * C * a.nblk;
+      const long long lead = a.ph[p].w_off - a.ph[pc].w_off + off * a.nblk;  // bytes past phase pc's start
       if (lead <= a.str_ahead) break;
       spin(200);
     }
