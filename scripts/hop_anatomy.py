@@ -11,6 +11,8 @@ QKV start):
   * the attention chain per KV group: each group's attention execution, each merge's by its block, and when the
     chain ends (last attention done, last merge done, first o_proj "waits met"): the chain waits on its slowest
     group, and which groups are slow differs between processes (docs/PERF.md, thirty-first session);
+  * the task loop's head between two tasks of a queue, per family pair, and which family ran before the tile that
+    ended each phase;
   * the layer's streaming profile: bytes the executing tasks consume per 0.5 us (each task's est_bytes spread
     evenly over its execution; L2 hits count as well as HBM reads), as TB/s;
   * the layer's phases against their bytes (``--gbps``, default 3000: an H100's copy rate): how long the QKV phase,
@@ -124,6 +126,40 @@ def lags(d, fam) -> list[str]:
         res.setdefault(fam[i], []).extend((t1[waited, i] - last[waited]).tolist())
     return ["family      signal lag median / p90 (us; tasks that waited)"] + \
         [f"{f:11s} {np.median(v):5.2f} / {np.percentile(v, 90):5.2f}  (n={len(v)})" for f, v in res.items() if v]
+
+
+def gaps(d, fam, lay, layers) -> list[str]:
+    """Between two tasks of one queue: the next task's "reached" stamp minus the task before's "done" (the task
+    loop's head: its instruction loads and a barrier), median / p90 per (before -> next) family pair in the given
+    layers; then, per phase, which family ran before the task that finished the phase last (its tile ends the
+    phase, so what delayed it delays the next phase), with how late its "waits met" was against the phase's median
+    (fifty-second session: o_proj tiles behind L2_PREFETCH tasks)."""
+    t0, t1, t2 = d["t0"] / 1e3, d["t1"] / 1e3, d["t2"] / 1e3
+    qsm, qpos = d["queue_sm"], d["queue_pos"]
+    at = {(int(s), int(k)): i for i, (s, k) in enumerate(zip(qsm, qpos))}
+    prev = np.array([at.get((int(s), int(k) - 1), -1) for s, k in zip(qsm, qpos)])
+    inl = np.isin(lay, layers) & (prev >= 0)
+    pairs: dict[tuple[str, str], list[float]] = {}
+    for i in np.nonzero(inl)[0]:
+        pairs.setdefault((fam[prev[i]], fam[i]), []).extend((t0[:, i] - t2[:, prev[i]]).tolist())
+    out = ["task loop head: next reached - before done (us; median / p90, middle layers)"]
+    for (a, b), v in sorted(pairs.items(), key=lambda kv: -np.median(kv[1])):
+        out.append(f"  {a:10s} -> {b:10s} {np.median(v):5.2f} / {np.percentile(v, 90):5.2f}  (n={len(v)})")
+    out.append("the phase's last tile: the family before it on its queue (count), its waits met - the phase's median")
+    for f in ORDER:
+        ends: dict[str, list[float]] = {}
+        for s in range(t0.shape[0]):
+            for L in layers:
+                m = np.nonzero((lay == L) & (fam == f))[0]
+                if len(m) < 2:
+                    continue
+                last = m[np.argmax(t2[s, m])]
+                before = fam[prev[last]] if prev[last] >= 0 else "(first)"
+                ends.setdefault(before, []).append(t1[s, last] - np.median(t1[s, m]))
+        if ends:
+            out.append(f"  {f:10s} " + ", ".join(f"{b} {len(v)} ({np.median(v):+.2f})" for b, v in
+                                                  sorted(ends.items(), key=lambda kv: -len(kv[1]))))
+    return out
 
 
 def _group(label: str) -> str:
@@ -281,7 +317,7 @@ def main():
     lo, hi = (int(x) for x in a.layers.split(":"))
     layers = [L for L in range(lo, hi) if layer_start(d["t1"][0], fam, lay, L) is not None]
     for block in (step_outline(d, fam, lay), phases(d, fam, lay, layers), segments(d, fam), lags(d, fam),
-                  chain(d, fam, lay, layers), profile(d, fam, lay, a.profile_layer),
+                  chain(d, fam, lay, layers), gaps(d, fam, lay, layers), profile(d, fam, lay, a.profile_layer),
                   excess(d, fam, lay, layers, a.gbps)):
         print("\n".join(block), end="\n\n")
 

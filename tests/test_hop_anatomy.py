@@ -202,3 +202,20 @@ def test_ring_warp_stamps(tmp_path):
     i = next(k for k, ln in enumerate(lines) if "ring warps" in ln)
     # closing: main loop done (t + 9.0) - last warp's items (t + 8.1) = 0.90
     assert lines[i + 1].split() == ["o_proj", "1.00", "1.50", "2.00", "|", "4.00", "6.00", "7.00", "|", "0.90"]
+
+
+def test_gaps_between_tasks_and_the_phases_last_tile():
+    # queue 0: q -> L2_PREFETCH -> o_proj; queue 1: attention -> o_proj (ns: reached / waits met / done, one step)
+    labels = ["L3.q[0:1].p0", "L3.prefetch[0:64]", "L3.o_proj[0:16]", "L3.attn[g0.s0]", "L3.o_proj[16:32]"]
+    d = {"label": np.array(labels), "queue_sm": np.array([0, 0, 0, 1, 1]), "queue_pos": np.array([0, 1, 2, 0, 1]),
+         "t0": np.array([[0, 7500, 11000, 0, 12600]]), "t1": np.array([[1000, 8000, 11500, 8000, 13000]]),
+         "t2": np.array([[7000, 9000, 16000, 12000, 15000]])}
+    fam, lay = hop_anatomy.families(d["label"])
+    lines = hop_anatomy.gaps(d, fam, lay, [3])
+    # gaps, largest first: prefetch -> o_proj 11.0 - 9.0 = 2.00; attn -> o_proj 12.6 - 12.0 = 0.60; q -> prefetch
+    # 7.5 - 7.0 = 0.50
+    assert [ln.split()[:4] for ln in lines[1:4]] == [["prefetch", "->", "o_proj", "2.00"],
+                                                     ["attn", "->", "o_proj", "0.60"],
+                                                     ["q", "->", "prefetch", "0.50"]]
+    # o_proj's last tile (done 16.0) ran after the prefetch task; its waits met 11.5 against the median 12.25
+    assert "  o_proj     prefetch 1 (-0.75)" in lines

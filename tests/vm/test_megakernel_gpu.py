@@ -166,6 +166,33 @@ def test_ring_wg_is_bit_identical_to_the_ring(monkeypatch, name, dtype, cfg):
     assert torch.equal(a, wg.step(3, 2))
 
 
+@pytest.mark.parametrize("name,dtype,cfg", [("llama-untied", "f32", {"num_sms": 8}),
+                                            ("qwen3", "bf16", {"num_sms": 16, "attn_splits": 3, "early_kv": "on"}),
+                                            ("wide", "bf16", {"num_sms": 12, "early_kv": "ahead", "attn_splits": 2}),
+                                            ("merge-odd", "f32", {"num_sms": 16, "attn_splits": 3,
+                                                                  "steps_per_launch": 2})])
+def test_instr_ahead_is_bit_identical(monkeypatch, name, dtype, cfg):
+    """-DAMK_INSTR_AHEAD=1 (vm/csrc/megakernel.cu): the next task's instruction lands in shared memory by cp.async
+    while the current task runs -- its copy group committed before the early-KV / KV-ahead groups the attention
+    ops count on. The same tasks in the same order: logits bit-identical to the default build (early KV on, KV
+    ahead, split attention, two steps per launch), within tolerance of the ReferenceVM, reruns bit-identical.
+    Written in the fifty-second session, before any GPU ran it."""
+    from vm.loader import MegakernelVM
+    g = graph(name, dtype)
+    prog = lower(g, TARGETS["h100"], cfg, max_seq=40)
+    toks = [(5, 0), (17, 1), (3, 2), (9, 31)]
+    base = MegakernelVM(prog, g.weights, check=True)
+    want = [base.step(t, p).clone() for t, p in toks]
+    monkeypatch.setenv("AMK_NVCC_FLAGS", "-DAMK_INSTR_AHEAD=1")
+    vm = MegakernelVM(prog, g.weights, check=True)
+    got = [vm.step(t, p).clone() for t, p in toks]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    vm.reset()
+    compare(vm, ReferenceVM(prog, g.weights, seed=4), toks, 1e-5 if dtype == "f32" else 2e-2)
+    a = vm.step(3, 2).clone()
+    assert torch.equal(a, vm.step(3, 2))
+
+
 _GEMV_FAMILY = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
 
 

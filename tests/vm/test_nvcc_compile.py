@@ -42,7 +42,8 @@ def spills(stderr: str) -> dict[str, int]:
 # stamps, AMK_DBG_RING_STAMPS); the preload build also has the task loop's old wait
 # (AMK_JOIN_OPS=0), the default build's task loop keeps its spill stores small; so does the kv_ahead build's
 # (early_kv 2: the attention stages at the top of shared memory, filled by the task before). The ring and kv_ahead
-# builds also compile the data-flagged activations' code (AMK_FLAGS, flag_hops).
+# builds also compile the data-flagged activations' code (AMK_FLAGS, flag_hops); the kv_ahead build the task loop with
+# the next instruction copied ahead (AMK_INSTR_AHEAD).
 @pytest.mark.parametrize("threads,depth,path", [(480, 2, ("-DAMK_TMA=1", "-DAMK_MERGE_UNROLL=4", "-DAMK_ATTN_FAST=0",
                                                           "-DAMK_ATTN_ONESHOT=2", "-DAMK_LAYOUT_PAD=4",
                                                           "-DAMK_ATTN_DIRECT=0", "-DAMK_MARKS=1",
@@ -55,7 +56,8 @@ def spills(stderr: str) -> dict[str, int]:
                                                           "-DAMK_DBG_QKV_NOSTREAM=1", "-DAMK_DBG_SPLITK_QKV=1",
                                                           "-DAMK_DBG_SPLITK_MODE=3")),
                                                 (512, 0, ()),
-                                                (512, 0, ("-DAMK_KV_AHEAD=1", "-DAMK_ATTN_EARLY=1", "-DAMK_FLAGS=1"))],
+                                                (512, 0, ("-DAMK_KV_AHEAD=1", "-DAMK_ATTN_EARLY=1", "-DAMK_FLAGS=1",
+                                                          "-DAMK_INSTR_AHEAD=1"))],
                          ids=["ring", "preload", "default", "kv_ahead"])
 def test_nvcc_compiles_sm80_sm90a(tmp_path, threads, depth, path):
     cmd = ["nvcc", "-std=c++17", "-O3", "-c", str(CSRC / "megakernel.cu"), "-o", str(tmp_path / "mk.o"),

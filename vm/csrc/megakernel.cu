@@ -57,6 +57,17 @@
 #ifndef AMK_CTX_ONCE
 #define AMK_CTX_ONCE 1
 #endif
+// AMK_INSTR_AHEAD 1 (an A/B build switch, not yet timed): the next task's instruction is copied into shared
+// memory (s_next) while the current task waits and runs -- 4-byte cp.async by warp 1 (and 2), issued first in the
+// wait section, so any op's later cp.async groups complete after it -- and the task loop's head copies it from
+// there. The default head reads the queue entry and then the instruction from global memory after the closing
+// barrier (two dependent loads, L1 hits only if the L1 prefetch of the task before landed): the fifty-second
+// session's trace has a median 0.5-1.0 us between one task's end and the next one's start, 2.4 us (p90) after an
+// L2_PREFETCH task, whose bulk prefetches those loads queue behind -- and the o_proj tiles after such tasks end
+// their phase. The queue entry of the next task is read one task ahead too.
+#ifndef AMK_INSTR_AHEAD
+#define AMK_INSTR_AHEAD 0
+#endif
 // AMK_DBG_TWICE_OPS (diagnostic builds only): the tasks whose opcode's bit (1 << AMK_OP_...) is set run their op twice
 // (the task loop below).
 #ifndef AMK_DBG_TWICE_OPS
@@ -213,6 +224,9 @@ __device__ __noinline__ void amk_exit(const AmkParams& p) {
 static_assert(AMK_LB_THREADS >= AMK_BLOCK_THREADS && AMK_LB_THREADS <= 1024, "AMK_LB_THREADS: the block .. 1024");
 extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(const __grid_constant__ AmkParams p) {
   __shared__ AmkInstr s_ins;
+#if AMK_INSTR_AHEAD
+  __shared__ __align__(16) AmkInstr s_next;  // the next task's instruction, landing while this one runs
+#endif
   __shared__ float s_red[64];
   __shared__ float s_part[64];
   __shared__ int s_flag;
@@ -252,6 +266,12 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
     if (AMK_FLAGS) amk_s_tag = (uint32_t)__ldcg(p.status + AMK_STATUS_EPOCH) + 1u;  // this launch's flag tag
   }
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
+#if AMK_INSTR_AHEAD
+  static_assert(kWords <= AMK_THREADS - 32, "AMK_INSTR_AHEAD: warps 1.. copy one word each");
+  int idx_next = q0 < q1 ? p.queue_items[q0] : -1;  // the queue entry of the task the loop starts next
+  if (q0 < q1)
+    for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_next)[i] = __ldg((const int*)(p.instrs + idx_next) + i);
+#endif
   __syncthreads();  // (every thread of the block, the ring's producer warp too)
   if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done
 #if AMK_RING_WG  // (common.cuh: the producer warpgroup gives its registers to the compute warpgroups)
@@ -272,6 +292,11 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   AmkCtx c{&P, &s_ins, op_smem, s_red, s_part, &s_flag, sm, 0,
            &s_ring, amk_dyn_smem, q1, &s_pre, pre_buf, s_slots, nullptr};
   for (int qi = q0; qi < q1; ++qi) {
+#if AMK_INSTR_AHEAD
+    const int idx = idx_next;
+    idx_next = qi + 1 < q1 ? p.queue_items[qi + 1] : -1;  // (used in the wait section and by the next head)
+    for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_ins)[i] = ((const int*)&s_next)[i];
+#else
     const int idx = p.queue_items[qi];
     const int* src = (const int*)(p.instrs + idx);
     if (amk_tid() < 2 && qi + 1 < q1) {  // the next instruction (2 x 128 B lines) into L1 while this task runs
@@ -279,6 +304,7 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
       asm volatile("prefetch.global.L1 [%0];" :: "l"(nxt));
     }
     for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_ins)[i] = __ldg(src + i);
+#endif
 #if AMK_PREFETCH_DEPTH > 0
     const int pf_end = (qi + 1 + AMK_PREFETCH_DEPTH) < q1 ? (qi + 1 + AMK_PREFETCH_DEPTH) : q1;
     for (; pf < pf_end; ++pf) amk_prefetch_instr(p.instrs + p.queue_items[pf], p.prefetch_cap);
@@ -295,6 +321,15 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
       s_flag = amk_wait_all(P, s_ins, qi + 1 < q1 ? p.queue_items + qi + 1 : nullptr, sm, true);
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
+#if AMK_INSTR_AHEAD
+      if (amk_tid() >= 32 && amk_tid() < 32 + kWords && idx_next >= 0) {  // (s_next is free: copied at the head)
+        const int w = amk_tid() - 32;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(amk_smem_addr((int*)&s_next + w)),
+                     "l"((const int*)(p.instrs + idx_next) + w)
+                     : "memory");
+        amk_cp_async_commit();
+      }
+#endif
       if (AMK_PRE_DEVICE && amk_tid() == AMK_PRE_THREAD && s_ins.next_preload >= 0)
         amk_pre_issue(p, s_pre, s_ins.next_preload);  // the buffer is free: the loader picked this task
       if (amk_warp() == AMK_NWARPS - 1) amk_prep_slots(p, s_ins, s_slots, amk_lane());
@@ -341,6 +376,9 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
         amk_dispatch(ci, AMK_NEED_EARLY ? s_need : 0);
       }
     }
+#endif
+#if AMK_INSTR_AHEAD
+    if (amk_tid() >= 32 && amk_tid() < 32 + kWords) amk_cp_async_wait<0>();  // s_next landed before the barrier
 #endif
     amk_sync();
     if (!AMK_DBG_ATTN_STAGE_MARKS || (s_ins.op != AMK_OP_ATTN_PARTIAL && s_ins.op != AMK_OP_ATTN_DECODE))
