@@ -269,8 +269,10 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
 #if AMK_INSTR_AHEAD
   static_assert(kWords <= AMK_THREADS - 32, "AMK_INSTR_AHEAD: warps 1.. copy one word each");
   int idx_next = q0 < q1 ? p.queue_items[q0] : -1;  // the queue entry of the task the loop starts next
-  if (q0 < q1)
-    for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_next)[i] = __ldg((const int*)(p.instrs + idx_next) + i);
+  if (q0 < q1) {
+    const int* first = (const int*)(p.instrs + idx_next);
+    for (int i = amk_tid(); i < kWords; i += AMK_THREADS) ((int*)&s_next)[i] = __ldg(first + i);
+  }
 #endif
   __syncthreads();  // (every thread of the block, the ring's producer warp too)
   if (AMK_TMA && amk_warp() >= AMK_NWARPS) {  // the ring's producer warp: the block's weight stream, then done
