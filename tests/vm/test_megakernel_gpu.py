@@ -173,8 +173,8 @@ def test_ring_wg_is_bit_identical_to_the_ring(monkeypatch, name, dtype, cfg):
                                                                   "steps_per_launch": 2})])
 def test_instr_ahead_is_bit_identical(monkeypatch, name, dtype, cfg):
     """-DAMK_INSTR_AHEAD=1 (vm/csrc/megakernel.cu): the next task's instruction lands in shared memory by cp.async
-    while the current task runs -- its copy group committed before the early-KV / KV-ahead groups the attention
-    ops count on. The same tasks in the same order: logits bit-identical to the default build (early KV on, KV
+    (warp 0's lanes 1-31) while the current task runs -- beside the early-KV / KV-ahead copies of threads 32 and up
+    and before the attention ops' own groups, whose wait counts must still hold. The same tasks in the same order: logits bit-identical to the default build (early KV on, KV
     ahead, split attention, two steps per launch), within tolerance of the ReferenceVM, reruns bit-identical.
     Written in the fifty-second session, before any GPU ran it."""
     from vm.loader import MegakernelVM

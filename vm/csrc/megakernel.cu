@@ -58,9 +58,10 @@
 #define AMK_CTX_ONCE 1
 #endif
 // AMK_INSTR_AHEAD 1 (an A/B build switch, not yet timed): the next task's instruction is copied into shared
-// memory (s_next) while the current task waits and runs -- 4-byte cp.async by warp 1 (and 2), issued first in the
-// wait section, so any op's later cp.async groups complete after it -- and the task loop's head copies it from
-// there. The default head reads the queue entry and then the instruction from global memory after the closing
+// memory (s_next) while the current task waits and runs -- 8-byte cp.async by warp 0's lanes 1-27, idle while
+// thread 0 waits and never the issuers of the early-KV / KV-ahead copies that stay in flight across a task's end
+// (threads 32 and up); their group is committed before the op's own, so the ops' wait-group counts still hold --
+// and the task loop's head copies it from there. The default head reads the queue entry and then the instruction from global memory after the closing
 // barrier (two dependent loads, L1 hits only if the L1 prefetch of the task before landed): the fifty-second
 // session's trace has a median 0.5-1.0 us between one task's end and the next one's start, 2.4 us (p90) after an
 // L2_PREFETCH task, whose bulk prefetches those loads queue behind -- and the o_proj tiles after such tasks end
@@ -267,7 +268,6 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
   }
   if (amk_tid() == AMK_PRE_THREAD) amk_pre_init(p, s_pre, &s_pre_bar, pre_buf, q0, q1);  // first flagged tile
 #if AMK_INSTR_AHEAD
-  static_assert(kWords <= AMK_THREADS - 32, "AMK_INSTR_AHEAD: warps 1.. copy one word each");
   int idx_next = q0 < q1 ? p.queue_items[q0] : -1;  // the queue entry of the task the loop starts next
   if (q0 < q1) {
     const int* first = (const int*)(p.instrs + idx_next);
@@ -324,10 +324,11 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
       if (trace) trace[1] = amk_globaltimer();
     } else {  // while thread 0 waits: everything of the task that does not depend on its inputs
 #if AMK_INSTR_AHEAD
-      if (amk_tid() >= 32 && amk_tid() < 32 + kWords && idx_next >= 0) {  // (s_next is free: copied at the head)
-        const int w = amk_tid() - 32;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(amk_smem_addr((int*)&s_next + w)),
-                     "l"((const int*)(p.instrs + idx_next) + w)
+      static_assert(sizeof(AmkInstr) % 8 == 0 && sizeof(AmkInstr) / 8 <= 31, "AMK_INSTR_AHEAD: 8 bytes per lane 1..");
+      if (amk_tid() <= (int)(sizeof(AmkInstr) / 8) && idx_next >= 0) {  // warp 0's lanes 1.. (s_next is free now)
+        const int w = amk_tid() - 1;  // (instructions sit 8-byte aligned: 216-byte records)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(amk_smem_addr((uint64_t*)&s_next + w)),
+                     "l"((const uint64_t*)(p.instrs + idx_next) + w)
                      : "memory");
         amk_cp_async_commit();
       }
@@ -380,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(AMK_LB_THREADS, 1) amk_megakernel(c
     }
 #endif
 #if AMK_INSTR_AHEAD
-    if (amk_tid() >= 32 && amk_tid() < 32 + kWords) amk_cp_async_wait<0>();  // s_next landed before the barrier
+    if (amk_tid() > 0 && amk_tid() <= (int)(sizeof(AmkInstr) / 8)) amk_cp_async_wait<0>();  // s_next has landed
 #endif
     amk_sync();
     if (!AMK_DBG_ATTN_STAGE_MARKS || (s_ins.op != AMK_OP_ATTN_PARTIAL && s_ins.op != AMK_OP_ATTN_DECODE))
