@@ -61,8 +61,9 @@
 // memory (s_next) while the current task waits and runs -- 8-byte cp.async by warp 0's lanes 1-27, idle while
 // thread 0 waits and never the issuers of the early-KV / KV-ahead copies that stay in flight across a task's end
 // (threads 32 and up); their group is committed before the op's own, so the ops' wait-group counts still hold --
-// and the task loop's head copies it from there. The default head reads the queue entry and then the instruction from global memory after the closing
-// barrier (two dependent loads, L1 hits only if the L1 prefetch of the task before landed): the fifty-second
+// and the task loop's head copies it from there. The default head reads the queue entry and then the instruction
+// from global memory after the closing barrier (two dependent loads, L1 hits only if the L1 prefetch of the task
+// before landed): the fifty-second
 // session's trace has a median 0.5-1.0 us between one task's end and the next one's start, 2.4 us (p90) after an
 // L2_PREFETCH task, whose bulk prefetches those loads queue behind -- and the o_proj tiles after such tasks end
 // their phase. The queue entry of the next task is read one task ahead too.
