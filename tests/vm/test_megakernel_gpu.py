@@ -152,18 +152,26 @@ def test_ring_wg_is_bit_identical_to_the_ring(monkeypatch, name, dtype, cfg):
     17-warp ring build's and within the dtype's tolerance of the ReferenceVM, reruns bit-identical, no hang (a
     wrong register pool would leave setmaxnreg.inc waiting). Written in the fifty-first session, before any GPU
     ran it."""
-    toks = [(5, 0), (17, 1), (3, 15)]
     g, prog, ring = make(name, dtype, cfg, max_seq=16, **_path("ring"))
-    want = [ring.step(t, p).clone() for t, p in toks]
     monkeypatch.setenv("AMK_NVCC_FLAGS", "-DAMK_RING_WG=1")
-    _, _, wg = make(name, dtype, cfg, max_seq=16, **_path("ring"))
+    wg = _same_bits_as(ring, lambda: make(name, dtype, cfg, max_seq=16, **_path("ring"))[2], g, prog,
+                       [(5, 0), (17, 1), (3, 15)], dtype)
     assert wg.ring_bytes == ring.ring_bytes > 0 and wg.n_streamed == ring.n_streamed > 0
-    got = [wg.step(t, p).clone() for t, p in toks]
+
+
+def _same_bits_as(base, build, g, prog, toks, dtype):
+    """A build switch's VM (build(), called after the caller set AMK_NVCC_FLAGS) against `base`, the same program
+    without the switch: logits bit-identical at every (token, pos) of toks, within the dtype's tolerance of the
+    ReferenceVM after a reset, a rerun bit-identical. Returns the switch's VM."""
+    want = [base.step(t, p).clone() for t, p in toks]
+    vm = build()
+    got = [vm.step(t, p).clone() for t, p in toks]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    wg.reset()
-    compare(wg, ReferenceVM(prog, g.weights, seed=4), toks, 1e-5 if dtype == "f32" else 2e-2)
-    a = wg.step(3, 2).clone()
-    assert torch.equal(a, wg.step(3, 2))
+    vm.reset()
+    compare(vm, ReferenceVM(prog, g.weights, seed=4), toks, 1e-5 if dtype == "f32" else 2e-2)
+    a = vm.step(3, 2).clone()
+    assert torch.equal(a, vm.step(3, 2))
+    return vm
 
 
 @pytest.mark.parametrize("name,dtype,cfg", [("llama-untied", "f32", {"num_sms": 8}),
@@ -173,24 +181,19 @@ def test_ring_wg_is_bit_identical_to_the_ring(monkeypatch, name, dtype, cfg):
                                                                   "steps_per_launch": 2})])
 def test_instr_ahead_is_bit_identical(monkeypatch, name, dtype, cfg):
     """-DAMK_INSTR_AHEAD=1 (vm/csrc/megakernel.cu): the next task's instruction lands in shared memory by cp.async
-    (warp 0's lanes 1-31) while the current task runs -- beside the early-KV / KV-ahead copies of threads 32 and up
-    and before the attention ops' own groups, whose wait counts must still hold. The same tasks in the same order: logits bit-identical to the default build (early KV on, KV
-    ahead, split attention, two steps per launch), within tolerance of the ReferenceVM, reruns bit-identical.
-    Written in the fifty-second session, before any GPU ran it."""
+    (warp 0's lanes 1-27) while the current task runs -- beside the early-KV / KV-ahead copies of threads 32 and up
+    and before the attention ops' own groups, whose wait counts must still hold. The same tasks in the same order:
+    logits bit-identical to the default build (early KV on, KV ahead, split attention, two steps per launch),
+    within tolerance of the ReferenceVM, reruns bit-identical. Written in the fifty-second session, before any GPU
+    ran it."""
     from vm.loader import MegakernelVM
     g = graph(name, dtype)
     prog = lower(g, TARGETS["h100"], cfg, max_seq=40)
-    toks = [(5, 0), (17, 1), (3, 2), (9, 3), (4, 4)]   # consecutive: a 2-step launch's greedy row is rewritten next
     base = MegakernelVM(prog, g.weights, check=True)
-    want = [base.step(t, p).clone() for t, p in toks]
     monkeypatch.setenv("AMK_NVCC_FLAGS", "-DAMK_INSTR_AHEAD=1")
-    vm = MegakernelVM(prog, g.weights, check=True)
-    got = [vm.step(t, p).clone() for t, p in toks]
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    vm.reset()
-    compare(vm, ReferenceVM(prog, g.weights, seed=4), toks, 1e-5 if dtype == "f32" else 2e-2)
-    a = vm.step(3, 2).clone()
-    assert torch.equal(a, vm.step(3, 2))
+    # consecutive positions: a 2-step launch's greedy KV row is rewritten by the next step
+    _same_bits_as(base, lambda: MegakernelVM(prog, g.weights, check=True), g, prog,
+                  [(5, 0), (17, 1), (3, 2), (9, 3), (4, 4)], dtype)
 
 
 _GEMV_FAMILY = ("GEMV", "GEMV_SILU_MUL", "QKV_ROPE")
